@@ -1,0 +1,128 @@
+//! Given/when/then table for the Delivery: first receipt, duplicate, collision, new epoch.
+
+use chrono::TimeDelta;
+use opledger_domain::delivery::{DeliveryCommand, DuplicateDeliveryObserved, UpdateIdCollision};
+use opledger_domain::{Delivery, DeliveryRejection};
+
+use crate::fixtures::*;
+use crate::harness::given;
+
+const WEEK: i64 = 7 * 24 * 3_600;
+
+#[test]
+fn the_first_arrival_opens_epoch_1() {
+    let state = given::<Delivery>([])
+        .when(record(DIGEST_A, 0), t(0))
+        .then(vec![update_received(DIGEST_A, 0, 1)]);
+    assert_eq!(state.epoch, 1);
+    assert_eq!(state.first_received_at, Some(t(0)));
+}
+
+#[test]
+fn the_same_body_within_the_window_is_a_duplicate() {
+    let state = given::<Delivery>([update_received(DIGEST_A, 0, 1)])
+        .when(record(DIGEST_A, 30), t(30))
+        .then(vec![
+            DuplicateDeliveryObserved {
+                epoch: 1,
+                digest: DIGEST_A.to_owned(),
+                received_at: t(30),
+            }
+            .into(),
+        ]);
+    assert_eq!((state.epoch, state.duplicates, state.collisions), (1, 1, 0));
+}
+
+#[test]
+fn a_duplicate_just_inside_the_window_is_still_a_duplicate() {
+    given::<Delivery>([update_received(DIGEST_A, 0, 1)])
+        .when(record(DIGEST_A, WEEK - 1), t(WEEK - 1))
+        .then(vec![
+            DuplicateDeliveryObserved {
+                epoch: 1,
+                digest: DIGEST_A.to_owned(),
+                received_at: t(WEEK - 1),
+            }
+            .into(),
+        ]);
+}
+
+#[test]
+fn another_body_within_the_window_is_a_collision() {
+    let state = given::<Delivery>([update_received(DIGEST_A, 0, 1)])
+        .when(record(DIGEST_B, 45), t(45))
+        .then(vec![
+            UpdateIdCollision {
+                epoch: 1,
+                first_digest: DIGEST_A.to_owned(),
+                new_digest: DIGEST_B.to_owned(),
+                received_at: t(45),
+            }
+            .into(),
+        ]);
+    assert_eq!((state.digest.as_str(), state.collisions), (DIGEST_A, 1));
+}
+
+#[test]
+fn an_id_seen_again_after_the_window_opens_the_next_epoch() {
+    let state = given::<Delivery>([
+        update_received(DIGEST_A, 0, 1),
+        DuplicateDeliveryObserved {
+            epoch: 1,
+            digest: DIGEST_A.to_owned(),
+            received_at: t(30),
+        }
+        .into(),
+    ])
+    .when(record(DIGEST_B, WEEK), t(WEEK))
+    .then(vec![update_received(DIGEST_B, WEEK, 2)]);
+    assert_eq!(state.epoch, 2);
+    assert_eq!(state.digest, DIGEST_B);
+    assert_eq!(state.first_received_at, Some(t(WEEK)));
+}
+
+#[test]
+fn a_clock_behind_the_first_receipt_counts_as_inside_the_window() {
+    given::<Delivery>([update_received(DIGEST_A, 100, 1)])
+        .when(record(DIGEST_A, 90), t(90))
+        .then(vec![
+            DuplicateDeliveryObserved {
+                epoch: 1,
+                digest: DIGEST_A.to_owned(),
+                received_at: t(90),
+            }
+            .into(),
+        ]);
+}
+
+#[test]
+fn malformed_arrivals_are_refused() {
+    let with = |edit: fn(&mut DeliveryCommand)| {
+        let mut command = record(DIGEST_A, 0);
+        edit(&mut command);
+        command
+    };
+    let cases: [(DeliveryCommand, &str); 4] = [
+        (
+            with(|DeliveryCommand::RecordUpdate { bot, .. }| *bot = "Shop Bot".to_owned()),
+            "bot must be 1 to 64 characters from a-z, 0-9 and _",
+        ),
+        (
+            with(|DeliveryCommand::RecordUpdate { kind, .. }| kind.clear()),
+            "kind must not be empty",
+        ),
+        (
+            with(|DeliveryCommand::RecordUpdate { digest, .. }| digest.clear()),
+            "digest must not be empty",
+        ),
+        (
+            with(|DeliveryCommand::RecordUpdate { retention, .. }| *retention = TimeDelta::zero()),
+            "retention must be positive",
+        ),
+    ];
+    for (command, reason) in cases {
+        given::<Delivery>([])
+            .when(command, t(0))
+            .then_reject(DeliveryRejection::InvalidCommand { reason });
+    }
+}

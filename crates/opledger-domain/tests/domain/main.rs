@@ -1,0 +1,10 @@
+//! The domain crate's one test binary: given/when/then tables, payload snapshots, properties.
+
+mod callback_token;
+mod delivery;
+mod fixtures;
+mod harness;
+mod ids;
+mod operation;
+mod payloads;
+mod properties;
