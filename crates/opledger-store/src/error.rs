@@ -1,0 +1,157 @@
+//! Typed errors of the event store. Each variant is named for what the caller does next:
+//! reload and decide again (`VersionConflict`), retry later (`Unavailable`), fix the request
+//! (`InvalidRequest`), or stop and investigate (`Storage`).
+
+use std::error::Error as StdError;
+use std::sync::Arc;
+
+use crate::model::{ExpectedVersion, StreamId, StreamVersion};
+
+/// A database error shared by every caller whose append was in the failed batch.
+pub type SharedSource = Arc<dyn StdError + Send + Sync + 'static>;
+
+/// Why an event store call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// Another writer got there first. Nothing of this call was written and no position was
+    /// used: reload the stream, decide again, and append at the new version.
+    #[error(
+        "version conflict on stream `{stream}`: expected {expected}, but it is at version {actual}; reload the stream and decide again"
+    )]
+    VersionConflict {
+        stream: StreamId,
+        expected: ExpectedVersion,
+        actual: StreamVersion,
+    },
+
+    /// The database could not be reached or was busy, locked, full or failing I/O. Nothing of
+    /// this call was written; the same call may be retried.
+    #[error(
+        "event store unavailable while {operation}: {source}; nothing was written, retry later"
+    )]
+    Unavailable {
+        operation: &'static str,
+        #[source]
+        source: SharedSource,
+    },
+
+    /// The database answered something the store cannot explain: a bug or corruption. Do not
+    /// retry blindly; run `opledger audit verify` and report it.
+    #[error(
+        "event store failed while {operation}: {source}; this is a bug or corruption, not retryable"
+    )]
+    Storage {
+        operation: &'static str,
+        #[source]
+        source: SharedSource,
+    },
+
+    /// The call itself is malformed; nothing was written. Fix the request.
+    #[error("invalid append request: {0}")]
+    InvalidRequest(#[from] InvalidRequest),
+
+    /// The store was closed by its owner; open it again to continue.
+    #[error("the event store is closed; open it again")]
+    Closed,
+}
+
+impl StoreError {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
+
+    pub(crate) fn unavailable(
+        operation: &'static str,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Unavailable {
+            operation,
+            source: Arc::new(source),
+        }
+    }
+
+    pub(crate) fn storage(
+        operation: &'static str,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Storage {
+            operation,
+            source: Arc::new(source),
+        }
+    }
+}
+
+/// What is wrong with an append request. Checked before anything reaches the database.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRequest {
+    #[error("an append needs at least one request")]
+    NoRequests,
+    #[error("the request for stream `{stream}` has no events; send at least one")]
+    NoEvents { stream: StreamId },
+    #[error("stream `{stream}` appears twice in one append; merge its events into one request")]
+    DuplicateStream { stream: StreamId },
+    #[error("a stream id must be 1 to 255 bytes long, this one is {len}; hash long keys")]
+    StreamIdLength { len: usize },
+    #[error("a stream id must not contain control characters")]
+    StreamIdControlChar,
+    #[error("event type `{event_type}` is invalid: use 1 to 128 printable characters")]
+    EventType { event_type: String },
+    #[error(
+        "the append holds {events} events, more than the limit of {limit}; split it into several appends"
+    )]
+    TooManyEvents { events: usize, limit: usize },
+}
+
+/// Why a store could not be opened. Every message names the problem and what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(
+        "bad database URL: {reason}; use sqlite://PATH (e.g. sqlite://opledger.db) or postgres://USER@HOST/DB"
+    )]
+    BadUrl { reason: String },
+
+    #[error(
+        "cannot reach the database: {source}; check that it exists, is running and is reachable"
+    )]
+    Unreachable {
+        #[source]
+        source: sqlx::Error,
+    },
+
+    #[error(
+        "the database is read-only: {source}; the ledger must be writable (check file permissions and the disk)"
+    )]
+    ReadOnly {
+        #[source]
+        source: sqlx::Error,
+    },
+
+    #[error(
+        "the database schema is newer than this binary (it has migration {found}, this binary knows up to {known}); upgrade opledger"
+    )]
+    SchemaTooNew { found: i64, known: i64 },
+
+    #[error("the database is not an opledger ledger or is damaged: {source}")]
+    NotALedger {
+        #[source]
+        source: sqlx::Error,
+    },
+
+    #[error("could not apply the schema migrations: {source}")]
+    Migrate {
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
+}
+
+/// Two consecutive events whose positions are not consecutive: in a ledger whose positions are
+/// gapless by construction, that means rows were removed or the store is broken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "positions are not contiguous: expected {expected}, found {found}; the ledger was altered, run `opledger audit verify`"
+)]
+pub struct PositionGap {
+    pub expected: u64,
+    pub found: u64,
+}

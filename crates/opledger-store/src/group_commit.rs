@@ -1,0 +1,236 @@
+//! Group commit: one appender task per store collects concurrent append calls and commits them in
+//! one transaction, then answers every caller with its own result.
+//!
+//! Serialized appends with durable commits make the commit (an fsync) the bottleneck; batching
+//! pays for it once per batch instead of once per call. No artificial delay is needed: while one
+//! batch commits, the next one fills up. `max_wait` can add a delay for very bursty loads.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::Instrument;
+
+use crate::batch;
+use crate::error::StoreError;
+use crate::model::{AppendRequest, Appended, Position};
+use crate::store::HeadWatch;
+
+/// Limits of one group-commit batch.
+#[derive(Clone, Debug)]
+pub struct GroupCommitOptions {
+    /// Most append calls in one transaction.
+    pub max_batch_calls: usize,
+    /// Most events in one transaction; also the most events one call may hold.
+    pub max_batch_events: usize,
+    /// How long the appender waits for more calls after the first one of a batch arrived.
+    /// Zero (the default) adds no latency: batches form while the previous one commits.
+    pub max_wait: Duration,
+    /// Calls that may wait in the queue before callers are slowed down (back-pressure).
+    pub queue_capacity: usize,
+}
+
+impl Default for GroupCommitOptions {
+    fn default() -> Self {
+        Self {
+            max_batch_calls: 512,
+            max_batch_events: 10_000,
+            max_wait: Duration::ZERO,
+            queue_capacity: 4096,
+        }
+    }
+}
+
+/// What one committed batch answers: one result per call, and the new head position if the
+/// batch wrote anything.
+#[derive(Debug)]
+pub(crate) struct BatchOutcome {
+    pub(crate) results: Vec<Result<Appended, StoreError>>,
+    pub(crate) head: Option<Position>,
+}
+
+/// What a backend provides to the appender: writing one batch in one transaction.
+pub(crate) trait BatchWriter: Send + 'static {
+    /// Writes the accepted calls of `calls` in one transaction. `Ok` holds one result per call
+    /// (a conflict fails only its own call); `Err` means nothing was written, for anyone.
+    fn write(
+        &mut self,
+        calls: &[Vec<AppendRequest>],
+    ) -> impl Future<Output = Result<BatchOutcome, StoreError>> + Send;
+
+    /// Releases the writer's connection.
+    fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+enum Message {
+    Append {
+        requests: Vec<AppendRequest>,
+        reply: oneshot::Sender<Result<Appended, StoreError>>,
+    },
+    Close {
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// The callers' side of the appender task. Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Appender {
+    queue: mpsc::Sender<Message>,
+    head: watch::Receiver<Position>,
+    max_events: usize,
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Message::Append { requests, .. } => write!(f, "Append({} requests)", requests.len()),
+            Message::Close { .. } => f.write_str("Close"),
+        }
+    }
+}
+
+impl Appender {
+    /// Starts the appender task on the current tokio runtime.
+    pub(crate) fn spawn<W: BatchWriter>(
+        writer: W,
+        head: Position,
+        options: GroupCommitOptions,
+    ) -> Self {
+        let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
+        let (head_sender, head_receiver) = watch::channel(head);
+        let max_events = options.max_batch_events;
+        tokio::spawn(
+            run(writer, receiver, head_sender, options).instrument(tracing::info_span!("appender")),
+        );
+        Self {
+            queue,
+            head: head_receiver,
+            max_events,
+        }
+    }
+
+    pub(crate) async fn append(
+        &self,
+        requests: Vec<AppendRequest>,
+    ) -> Result<Appended, StoreError> {
+        batch::validate(&requests, self.max_events)?;
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Message::Append { requests, reply })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    pub(crate) fn subscribe(&self) -> HeadWatch {
+        HeadWatch::new(self.head.clone())
+    }
+
+    /// Commits every call queued before this one, then stops the task and releases its
+    /// connection. Later appends fail with [`StoreError::Closed`].
+    pub(crate) async fn close(&self) {
+        let (done, finished) = oneshot::channel();
+        if self.queue.send(Message::Close { done }).await.is_ok() {
+            let _ = finished.await;
+        }
+    }
+}
+
+/// Adds one queued message to the batch being formed; returns how many events it added.
+fn take(
+    message: Message,
+    calls: &mut Vec<Vec<AppendRequest>>,
+    replies: &mut Vec<oneshot::Sender<Result<Appended, StoreError>>>,
+    closing: &mut Option<oneshot::Sender<()>>,
+) -> usize {
+    match message {
+        Message::Append { requests, reply } => {
+            let events = requests.iter().map(|r| r.events.len()).sum();
+            calls.push(requests);
+            replies.push(reply);
+            events
+        }
+        Message::Close { done } => {
+            *closing = Some(done);
+            0
+        }
+    }
+}
+
+async fn run<W: BatchWriter>(
+    mut writer: W,
+    mut queue: mpsc::Receiver<Message>,
+    head: watch::Sender<Position>,
+    options: GroupCommitOptions,
+) {
+    let mut calls: Vec<Vec<AppendRequest>> = Vec::new();
+    let mut replies: Vec<oneshot::Sender<Result<Appended, StoreError>>> = Vec::new();
+    let mut closing = None;
+    while closing.is_none() {
+        let Some(first) = queue.recv().await else {
+            break;
+        };
+        let mut events = take(first, &mut calls, &mut replies, &mut closing);
+        let deadline = tokio::time::Instant::now() + options.max_wait;
+        while closing.is_none()
+            && calls.len() < options.max_batch_calls
+            && events < options.max_batch_events
+        {
+            let next = match queue.try_recv() {
+                Ok(message) => Some(message),
+                Err(_) if options.max_wait.is_zero() => None,
+                Err(_) => tokio::time::timeout_at(deadline, queue.recv())
+                    .await
+                    .ok()
+                    .flatten(),
+            };
+            match next {
+                Some(message) => events += take(message, &mut calls, &mut replies, &mut closing),
+                None => break,
+            }
+        }
+        if calls.is_empty() {
+            continue;
+        }
+        match writer.write(&calls).await {
+            Ok(BatchOutcome {
+                results,
+                head: new_head,
+            }) => {
+                head.send_if_modified(|known| {
+                    let Some(new_head) = new_head else {
+                        return false;
+                    };
+                    let advanced = new_head > *known;
+                    if advanced {
+                        *known = new_head;
+                    }
+                    advanced
+                });
+                for (reply, result) in replies.drain(..).zip(results) {
+                    // A caller that went away (its task was aborted) no longer needs the answer;
+                    // its append committed or not as a whole either way.
+                    let _ = reply.send(result);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, calls = calls.len(), "append batch failed");
+                for reply in replies.drain(..) {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
+        calls.clear();
+    }
+    queue.close();
+    // Calls that raced with Close are answered, not dropped silently.
+    while let Ok(message) = queue.try_recv() {
+        if let Message::Append { reply, .. } = message {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+    }
+    writer.close().await;
+    if let Some(done) = closing {
+        let _ = done.send(());
+    }
+}

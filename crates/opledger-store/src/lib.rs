@@ -1,0 +1,32 @@
+//! opledger's event store: an append-only, globally ordered, hash-chained log of events with
+//! optimistic concurrency per stream.
+//!
+//! - [`EventStore`] is the contract; [`SqliteStore`] is the embedded backend.
+//! - Appends are group-committed ([`GroupCommitOptions`]): concurrent calls share one durable
+//!   transaction, and each caller gets its own result.
+//! - Positions are gapless and in commit order, so "the last position I saw" is a safe cursor.
+//! - [`chain`] defines the SHA-256 hash chain that makes the history tamper-evident.
+//!
+//! Architecture invariant: this crate knows nothing of operations, Telegram or any event's
+//! meaning; payloads are opaque JSON bytes.
+
+mod batch;
+pub mod chain;
+mod error;
+mod group_commit;
+mod model;
+pub mod sqlite;
+mod store;
+mod tail;
+pub mod verify;
+
+pub use chain::Hash;
+pub use error::{InvalidRequest, OpenError, PositionGap, SharedSource, StoreError};
+pub use group_commit::GroupCommitOptions;
+pub use model::{
+    AppendRequest, Appended, ExpectedVersion, Head, MAX_EVENT_TYPE_LEN, MAX_STREAM_ID_LEN,
+    NewEvent, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion, empty_object, event_id,
+};
+pub use sqlite::{Durability, SqliteOptions, SqliteStore};
+pub use store::{EventStore, HeadWatch};
+pub use tail::Tail;

@@ -1,0 +1,607 @@
+//! The SQLite backend: one file, zero setup, the embedded default.
+//!
+//! One appender task owns the only write connection and commits group-commit batches inside
+//! `BEGIN IMMEDIATE` (never a deferred transaction that upgrades its lock). A small pool of
+//! `query_only` connections serves reads concurrently thanks to WAL. Other processes may write
+//! to the same file too: `BEGIN IMMEDIATE` and the head row serialize them all.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
+};
+use sqlx::{ConnectOptions, Connection, Executor, Row};
+
+use crate::batch::{Plan, Sealed};
+use crate::chain::Hash;
+use crate::error::{OpenError, StoreError};
+use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions};
+use crate::model::{
+    AppendRequest, Appended, Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion,
+    micros_to_datetime,
+};
+use crate::store::{EventStore, HeadWatch};
+
+/// The schema migrations of the SQLite backend, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
+
+/// How hard a commit waits for the disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=FULL`: an acknowledged append survives power loss. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: an acknowledged append survives a process crash, but the last
+    /// commits may be lost on power loss. Only by explicit choice.
+    Normal,
+}
+
+/// How to open a SQLite ledger.
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    pub durability: Durability,
+    /// How long a writer waits for another process's write lock before reporting
+    /// [`StoreError::Unavailable`].
+    pub busy_timeout: Duration,
+    /// Connections in the read pool.
+    pub read_connections: u32,
+    pub group_commit: GroupCommitOptions,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Full,
+            busy_timeout: Duration::from_secs(5),
+            read_connections: 4,
+            group_commit: GroupCommitOptions::default(),
+        }
+    }
+}
+
+/// An event store in one SQLite file. Cheap to clone; clones share the appender and the pool.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    readers: SqlitePool,
+    appender: Appender,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the ledger at a `sqlite://PATH` URL and applies pending
+    /// migrations.
+    pub async fn open(url: &str, options: SqliteOptions) -> Result<Self, OpenError> {
+        let connect = connect_options(url, &options)?;
+        let mut writer = connect.connect().await.map_err(open_error)?;
+        migrate(&mut writer).await?;
+        let head = read_head(&mut writer).await.map_err(open_error)?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(options.read_connections.max(1))
+            .connect_with(
+                connect
+                    .clone()
+                    .create_if_missing(false)
+                    .pragma("query_only", "ON"),
+            )
+            .await
+            .map_err(open_error)?;
+        let writer = SqliteWriter {
+            connect,
+            connection: Some(writer),
+        };
+        let appender = Appender::spawn(writer, head.position, options.group_commit);
+        Ok(Self {
+            inner: Arc::new(Inner { readers, appender }),
+        })
+    }
+
+    /// Commits what is queued, then closes the writer and the read pool. Appends after this fail
+    /// with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        self.inner.appender.close().await;
+        self.inner.readers.close().await;
+    }
+}
+
+/// Applies the embedded migrations to an open connection, mapping "the database has migrations
+/// this binary does not know" to [`OpenError::SchemaTooNew`].
+async fn migrate(connection: &mut SqliteConnection) -> Result<(), OpenError> {
+    use sqlx::migrate::MigrateError;
+    // Two processes opening a new file at once race to create the schema; the loser sees the
+    // winner's tables and simply retries.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match MIGRATOR.run(&mut *connection).await {
+            Ok(()) => return Ok(()),
+            Err(MigrateError::VersionMissing(found)) => {
+                let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+                return Err(OpenError::SchemaTooNew { found, known });
+            }
+            Err(MigrateError::Execute(source)) if attempts < 3 => {
+                tracing::debug!(%source, "migration raced with another process; retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(MigrateError::Execute(source)) => return Err(open_error(source)),
+            Err(source) => return Err(OpenError::Migrate { source }),
+        }
+    }
+}
+
+fn connect_options(url: &str, options: &SqliteOptions) -> Result<SqliteConnectOptions, OpenError> {
+    if !(url.starts_with("sqlite:")) {
+        return Err(OpenError::BadUrl {
+            reason: "a SQLite URL starts with sqlite://".into(),
+        });
+    }
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return Err(OpenError::BadUrl {
+            reason: "an in-memory database would lose the ledger on exit".into(),
+        });
+    }
+    let connect = SqliteConnectOptions::from_str(url).map_err(|e| OpenError::BadUrl {
+        reason: e.to_string(),
+    })?;
+    Ok(connect
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(match options.durability {
+            Durability::Full => SqliteSynchronous::Full,
+            Durability::Normal => SqliteSynchronous::Normal,
+        })
+        .busy_timeout(options.busy_timeout)
+        .foreign_keys(true))
+}
+
+/// SQLite's primary result code of a database error (the low byte of the extended code).
+fn primary_code(error: &sqlx::Error) -> Option<i32> {
+    let code = error.as_database_error()?.code()?;
+    code.parse::<i32>().ok().map(|c| c & 0xff)
+}
+
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+const SQLITE_NOMEM: i32 = 7;
+const SQLITE_READONLY: i32 = 8;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_CORRUPT: i32 = 11;
+const SQLITE_FULL: i32 = 13;
+const SQLITE_CANTOPEN: i32 = 14;
+const SQLITE_NOTADB: i32 = 26;
+
+fn open_error(source: sqlx::Error) -> OpenError {
+    match primary_code(&source) {
+        Some(SQLITE_READONLY) => OpenError::ReadOnly { source },
+        Some(SQLITE_CORRUPT | SQLITE_NOTADB) => OpenError::NotALedger { source },
+        _ => OpenError::Unreachable { source },
+    }
+}
+
+/// Sorts a database error into "retry later" and "bug or corruption".
+pub(crate) fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
+    let retryable = match &error {
+        sqlx::Error::Database(_) => matches!(
+            primary_code(&error),
+            Some(
+                SQLITE_BUSY
+                    | SQLITE_LOCKED
+                    | SQLITE_NOMEM
+                    | SQLITE_READONLY
+                    | SQLITE_IOERR
+                    | SQLITE_FULL
+                    | SQLITE_CANTOPEN
+            )
+        ),
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    };
+    if retryable {
+        StoreError::unavailable(operation, error)
+    } else {
+        StoreError::storage(operation, error)
+    }
+}
+
+async fn read_head(connection: &mut SqliteConnection) -> Result<Head, sqlx::Error> {
+    let row = sqlx::query("SELECT last_position, last_hash FROM ledger_head WHERE ledger_id = 1")
+        .fetch_one(connection)
+        .await?;
+    head_from_row(&row)
+}
+
+fn head_from_row(row: &SqliteRow) -> Result<Head, sqlx::Error> {
+    let position: i64 = row.try_get(0)?;
+    let hash: Vec<u8> = row.try_get(1)?;
+    Ok(Head {
+        position: to_u64(position, "last_position")?,
+        hash: to_hash(&hash, "last_hash")?,
+    })
+}
+
+fn to_u64(value: i64, column: &'static str) -> Result<u64, sqlx::Error> {
+    u64::try_from(value).map_err(|e| sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: Box::new(e),
+    })
+}
+
+fn to_i64(value: u64) -> i64 {
+    // Positions and versions come from the database's own INTEGER columns.
+    i64::try_from(value).expect("positions and versions fit in SQLite's INTEGER")
+}
+
+fn to_hash(bytes: &[u8], column: &'static str) -> Result<Hash, sqlx::Error> {
+    Hash::from_slice(bytes).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: format!("expected 32 bytes, found {}", bytes.len()).into(),
+    })
+}
+
+/// `SELECT <every event column> FROM events <tail>`, so the column order that
+/// [`event_from_row`] relies on is written once.
+macro_rules! select_events {
+    ($tail:literal) => {
+        concat!(
+            "SELECT position, stream_id, version, event_id, event_type, schema_version, ",
+            "payload, metadata, recorded_at, prev_hash, hash FROM events ",
+            $tail
+        )
+    };
+}
+
+fn event_from_row(row: &SqliteRow) -> Result<RecordedEvent, sqlx::Error> {
+    let stream_id: String = row.try_get(1)?;
+    let event_id: Vec<u8> = row.try_get(3)?;
+    let schema_version: i64 = row.try_get(5)?;
+    let prev_hash: Vec<u8> = row.try_get(9)?;
+    let hash: Vec<u8> = row.try_get(10)?;
+    Ok(RecordedEvent {
+        position: to_u64(row.try_get(0)?, "position")?,
+        stream_id: StreamId::new(stream_id).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "stream_id".into(),
+            source: Box::new(e),
+        })?,
+        version: to_u64(row.try_get(2)?, "version")?,
+        event_id: uuid::Uuid::from_slice(&event_id).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "event_id".into(),
+            source: Box::new(e),
+        })?,
+        event_type: row.try_get(4)?,
+        schema_version: u32::try_from(schema_version).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "schema_version".into(),
+            source: Box::new(e),
+        })?,
+        payload: row.try_get(6)?,
+        metadata: row.try_get(7)?,
+        recorded_at: micros_to_datetime(row.try_get(8)?),
+        prev_hash: to_hash(&prev_hash, "prev_hash")?,
+        hash: to_hash(&hash, "hash")?,
+    })
+}
+
+fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+impl EventStore for SqliteStore {
+    async fn append(&self, requests: Vec<AppendRequest>) -> Result<Appended, StoreError> {
+        self.inner.appender.append(requests).await
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &StreamId,
+        from_version: StreamVersion,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        const SQL: &str =
+            select_events!("WHERE stream_id = ?1 AND version >= ?2 ORDER BY version LIMIT ?3");
+        sqlx::query(SQL)
+            .bind(stream.as_str())
+            .bind(to_i64(from_version))
+            .bind(limit_param(limit))
+            .try_map(|row: SqliteRow| event_from_row(&row))
+            .fetch_all(&self.inner.readers)
+            .await
+            .map_err(|e| classify("reading a stream", e))
+    }
+
+    async fn read_all(
+        &self,
+        from: Position,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        const SQL: &str = select_events!("WHERE position >= ?1 ORDER BY position LIMIT ?2");
+        let mut events = Vec::with_capacity(limit.min(4096));
+        let mut rows = sqlx::query(SQL)
+            .bind(to_i64(from))
+            .bind(limit_param(limit))
+            .fetch(&self.inner.readers);
+        while let Some(row) = rows
+            .try_next()
+            .await
+            .map_err(|e| classify("reading events", e))?
+        {
+            events.push(event_from_row(&row).map_err(|e| classify("reading events", e))?);
+        }
+        Ok(events)
+    }
+
+    async fn head(&self) -> Result<Head, StoreError> {
+        let mut connection = self
+            .inner
+            .readers
+            .acquire()
+            .await
+            .map_err(|e| classify("reading the head", e))?;
+        read_head(&mut connection)
+            .await
+            .map_err(|e| classify("reading the head", e))
+    }
+
+    async fn stream_version(&self, stream: &StreamId) -> Result<StreamVersion, StoreError> {
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM streams WHERE stream_id = ?1")
+                .bind(stream.as_str())
+                .fetch_optional(&self.inner.readers)
+                .await
+                .map_err(|e| classify("reading a stream version", e))?;
+        match version {
+            None => Ok(0),
+            Some(v) => to_u64(v, "version").map_err(|e| classify("reading a stream version", e)),
+        }
+    }
+
+    async fn list_streams(
+        &self,
+        after: Option<&StreamId>,
+        limit: usize,
+    ) -> Result<Vec<StreamInfo>, StoreError> {
+        sqlx::query(
+            "SELECT stream_id, stream_type, version, created_at FROM streams \
+             WHERE stream_id > ?1 ORDER BY stream_id LIMIT ?2",
+        )
+        .bind(after.map_or("", StreamId::as_str))
+        .bind(limit_param(limit))
+        .try_map(|row: SqliteRow| {
+            let stream_id: String = row.try_get(0)?;
+            Ok(StreamInfo {
+                stream_id: StreamId::new(stream_id).map_err(|e| sqlx::Error::ColumnDecode {
+                    index: "stream_id".into(),
+                    source: Box::new(e),
+                })?,
+                category: row.try_get(1)?,
+                version: to_u64(row.try_get(2)?, "version")?,
+                created_at: micros_to_datetime(row.try_get(3)?),
+            })
+        })
+        .fetch_all(&self.inner.readers)
+        .await
+        .map_err(|e| classify("listing streams", e))
+    }
+
+    fn subscribe(&self) -> HeadWatch {
+        self.inner.appender.subscribe()
+    }
+}
+
+/// The appender's side of the SQLite backend: the one write connection.
+struct SqliteWriter {
+    connect: SqliteConnectOptions,
+    /// `None` after an error: the next batch reconnects, so a broken connection heals itself,
+    /// and closing it rolls back whatever the failed batch had begun.
+    connection: Option<SqliteConnection>,
+}
+
+impl BatchWriter for SqliteWriter {
+    async fn write(&mut self, calls: &[Vec<AppendRequest>]) -> Result<BatchOutcome, StoreError> {
+        let connection = match &mut self.connection {
+            Some(connection) => connection,
+            None => {
+                let connection = self
+                    .connect
+                    .connect()
+                    .await
+                    .map_err(|e| classify("reconnecting the writer", e))?;
+                self.connection.insert(connection)
+            }
+        };
+        let result = write_batch(connection, calls).await;
+        if result.is_err() {
+            // The transaction may be open; dropping the connection rolls it back.
+            self.connection = None;
+        }
+        result
+    }
+
+    async fn close(mut self) {
+        if let Some(connection) = self.connection.take()
+            && let Err(error) = connection.close().await
+        {
+            tracing::warn!(%error, "closing the SQLite writer failed");
+        }
+    }
+}
+
+impl std::fmt::Debug for SqliteWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteWriter")
+            .field("connected", &self.connection.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Round trip 1 of a batch: take the write lock, read the touched streams' versions (`?1`: a
+/// JSON array of stream ids) and the ledger head with the database clock. Rows are tagged 0
+/// (stream) and 1 (head).
+///
+/// `recorded_at` is the database clock in microseconds (SQLite's clock has millisecond
+/// resolution), never below the previous append's, so time never goes back along positions.
+const BEGIN_AND_READ: &str = "\
+    BEGIN IMMEDIATE; \
+    SELECT 0, stream_id, version FROM streams \
+        WHERE stream_id IN (SELECT value FROM json_each(?1)); \
+    SELECT 1, last_position, last_hash, \
+        MAX(updated_at, CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000) \
+        FROM ledger_head WHERE ledger_id = 1";
+
+/// Round trip 2: write stream versions (`?1`), events (`?2`) and the new head, then commit. Rows
+/// travel as JSON arrays so that the statement text, and thus the prepared statements, never
+/// change with the batch size; payload and metadata travel as JSON strings and are stored as the
+/// exact bytes appended. If any statement fails, the rest (COMMIT included) does not run.
+const WRITE_AND_COMMIT: &str = "\
+    INSERT INTO streams (stream_id, stream_type, version, created_at) \
+        SELECT value ->> 0, value ->> 1, value ->> 2, ?3 FROM json_each(?1) WHERE true \
+        ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version; \
+    INSERT INTO events (position, stream_id, version, event_id, event_type, schema_version, \
+                        payload, metadata, recorded_at, prev_hash, hash) \
+        SELECT value ->> 0, value ->> 1, value ->> 2, unhex(value ->> 3), value ->> 4, value ->> 5, \
+               CAST(value ->> 6 AS BLOB), CAST(value ->> 7 AS BLOB), ?3, \
+               unhex(value ->> 8), unhex(value ->> 9) \
+        FROM json_each(?2); \
+    UPDATE ledger_head SET last_position = ?4, last_hash = unhex(?5), updated_at = ?3 \
+        WHERE ledger_id = 1; \
+    COMMIT";
+
+/// One group-commit batch in one `BEGIN IMMEDIATE` transaction and two round trips to the
+/// database: read the touched streams' versions and the head, decide every call, seal the
+/// accepted events onto the chain, write and commit.
+async fn write_batch(
+    connection: &mut SqliteConnection,
+    calls: &[Vec<AppendRequest>],
+) -> Result<BatchOutcome, StoreError> {
+    let streams: Vec<&str> = crate::batch::streams_of(calls)
+        .into_iter()
+        .map(StreamId::as_str)
+        .collect();
+    let streams = serde_json::to_string(&streams).expect("a list of strings serializes");
+    let rows = sqlx::query(BEGIN_AND_READ)
+        .bind(streams)
+        .fetch_all(&mut *connection)
+        .await
+        .map_err(|e| classify("reading stream versions", e))?;
+    let (current, head, recorded_at) =
+        decode_versions_and_head(&rows).map_err(|e| classify("reading stream versions", e))?;
+
+    let plan = Plan::decide(calls, &current);
+    if plan.event_count() == 0 {
+        connection
+            .execute("ROLLBACK")
+            .await
+            .map_err(|e| classify("ending an append", e))?;
+        return Ok(BatchOutcome {
+            results: plan.into_rejections(),
+            head: None,
+        });
+    }
+    let sealed = plan.seal(head, recorded_at);
+    let (streams, events) = encode_rows(&sealed);
+    sqlx::query(WRITE_AND_COMMIT)
+        .bind(streams)
+        .bind(events)
+        .bind(recorded_at)
+        .bind(to_i64(sealed.new_head.position))
+        .bind(sealed.new_head.hash.to_hex())
+        .execute(&mut *connection)
+        .await
+        .map_err(|e| classify("writing and committing an append", e))?;
+    Ok(BatchOutcome {
+        results: sealed.results,
+        head: Some(sealed.new_head.position),
+    })
+}
+
+type VersionsAndHead = (HashMap<StreamId, StreamVersion>, Head, i64);
+
+fn decode_versions_and_head(rows: &[SqliteRow]) -> Result<VersionsAndHead, sqlx::Error> {
+    let mut current = HashMap::with_capacity(rows.len());
+    let mut head = None;
+    for row in rows {
+        let tag: i64 = row.try_get(0)?;
+        if tag == 0 {
+            let stream: String = row.try_get(1)?;
+            let stream = StreamId::new(stream).map_err(|e| sqlx::Error::ColumnDecode {
+                index: "stream_id".into(),
+                source: Box::new(e),
+            })?;
+            current.insert(stream, to_u64(row.try_get(2)?, "version")?);
+        } else {
+            let hash: Vec<u8> = row.try_get(2)?;
+            let position = Head {
+                position: to_u64(row.try_get(1)?, "last_position")?,
+                hash: to_hash(&hash, "last_hash")?,
+            };
+            head = Some((position, row.try_get::<i64, _>(3)?));
+        }
+    }
+    let (head, recorded_at) = head.ok_or(sqlx::Error::RowNotFound)?;
+    Ok((current, head, recorded_at))
+}
+
+/// The batch's stream versions and events as the JSON arrays `WRITE_AND_COMMIT` unpacks.
+fn encode_rows(sealed: &Sealed<'_>) -> (String, String) {
+    let streams: Vec<(&str, &str, StreamVersion)> = sealed
+        .streams
+        .iter()
+        .map(|w| (w.stream.as_str(), w.stream.category(), w.after))
+        .collect();
+    let events: Vec<_> = sealed
+        .rows
+        .iter()
+        .map(|row| {
+            let link = &row.link;
+            (
+                link.position,
+                link.stream_id,
+                link.version,
+                hex::encode(row.event_id.as_bytes()),
+                link.event_type,
+                link.schema_version,
+                utf8(link.payload),
+                utf8(link.metadata),
+                row.prev_hash.to_hex(),
+                row.hash.to_hex(),
+            )
+        })
+        .collect();
+    (
+        serde_json::to_string(&streams).expect("stream rows serialize"),
+        serde_json::to_string(&events).expect("event rows serialize"),
+    )
+}
+
+/// Payload and metadata come from `RawValue`s, which are valid JSON and thus valid UTF-8.
+fn utf8(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).expect("raw JSON is UTF-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked() {
+        let options = SqliteOptions::default();
+        assert!(matches!(
+            connect_options("mysql://x", &options),
+            Err(OpenError::BadUrl { .. })
+        ));
+        assert!(matches!(
+            connect_options("sqlite::memory:", &options),
+            Err(OpenError::BadUrl { .. })
+        ));
+        assert!(connect_options("sqlite://ledger.db", &options).is_ok());
+    }
+}
