@@ -10,8 +10,9 @@ use crate::event::DomainEvent;
 /// be written once. Each implementation forwards to its module's free `decide` and `evolve`
 /// functions, which are the primary API.
 pub trait Aggregate: Default + Clone + std::fmt::Debug {
-    /// The stream type the store records for this aggregate's streams.
-    const STREAM_TYPE: &'static str;
+    /// The prefix of this aggregate's stream ids (`{category}-…`, see [`crate::ids`]), which the
+    /// store records as the stream's category.
+    const STREAM_CATEGORY: &'static str;
 
     /// The events this aggregate's stream holds.
     type Event: DomainEvent + Clone + std::fmt::Debug + PartialEq;

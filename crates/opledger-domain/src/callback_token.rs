@@ -229,7 +229,7 @@ fn invalid(reason: &'static str) -> IssueRejection {
 }
 
 impl Aggregate for CallbackToken {
-    const STREAM_TYPE: &'static str = "callback_token";
+    const STREAM_CATEGORY: &'static str = "cb";
 
     type Event = CallbackTokenEvent;
     type Command = CallbackTokenCommand;

@@ -251,7 +251,7 @@ fn invalid(reason: &'static str) -> DeliveryRejection {
 }
 
 impl Aggregate for Delivery {
-    const STREAM_TYPE: &'static str = "delivery";
+    const STREAM_CATEGORY: &'static str = "update";
 
     type Event = DeliveryEvent;
     type Command = DeliveryCommand;

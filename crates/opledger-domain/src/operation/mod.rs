@@ -38,7 +38,7 @@ use crate::aggregate::Aggregate;
 use crate::error::Rejection;
 
 impl Aggregate for Operation {
-    const STREAM_TYPE: &'static str = "operation";
+    const STREAM_CATEGORY: &'static str = "op";
 
     type Event = OperationEvent;
     type Command = OperationCommand;
