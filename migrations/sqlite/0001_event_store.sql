@@ -29,7 +29,7 @@ CREATE TABLE events (
     stream_id      TEXT    NOT NULL REFERENCES streams (stream_id),
     version        INTEGER NOT NULL CHECK (version >= 1),
     -- UUIDv5 of (stream_id, version): unique because (stream_id, version) is, so it needs no
-    -- index of its own (see docs/adr/0004); `audit verify` recomputes it.
+    -- index of its own (see docs/adr/0004); the verifier recomputes it.
     event_id       BLOB    NOT NULL CHECK (length(event_id) = 16),
     event_type     TEXT    NOT NULL,
     schema_version INTEGER NOT NULL,

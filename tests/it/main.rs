@@ -3,5 +3,6 @@
 
 mod cli;
 mod conformance;
+mod postgres;
 mod support;
 mod tidy;

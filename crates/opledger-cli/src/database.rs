@@ -1,11 +1,12 @@
 //! Opening the ledger named by a database URL, with the defaults an operator expects.
 
 use anyhow::Context;
-use opledger_store::{SqliteOptions, SqliteStore};
+use opledger_store::{AnyStore, GroupCommitOptions};
 
-/// Opens the ledger at `url`, creating it and applying migrations if needed.
-pub(crate) async fn open(url: &str) -> anyhow::Result<SqliteStore> {
-    SqliteStore::open(url, SqliteOptions::default())
+/// Opens the ledger at `url` (SQLite or PostgreSQL), creating it and applying migrations if
+/// needed.
+pub(crate) async fn open(url: &str) -> anyhow::Result<AnyStore> {
+    AnyStore::open(url, GroupCommitOptions::default())
         .await
         .with_context(|| format!("cannot open the ledger at {}", redact(url)))
 }

@@ -20,7 +20,7 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://opledger.db";
 #[derive(Debug, Parser)]
 #[command(name = "opledger", version, propagate_version = true)]
 pub(crate) struct Cli {
-    /// The ledger: sqlite://PATH (created if missing).
+    /// The ledger: sqlite://PATH (created if missing) or postgres://USER@HOST/DB.
     #[arg(
         long,
         global = true,

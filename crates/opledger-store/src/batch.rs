@@ -36,6 +36,11 @@ pub(crate) fn validate(
             });
         }
         for event in &request.events {
+            if event.schema_version == 0 || i32::try_from(event.schema_version).is_err() {
+                return Err(InvalidRequest::SchemaVersion {
+                    schema_version: event.schema_version,
+                });
+            }
             let t = &event.event_type;
             if t.is_empty() || t.len() > MAX_EVENT_TYPE_LEN || t.chars().any(char::is_control) {
                 return Err(InvalidRequest::EventType {

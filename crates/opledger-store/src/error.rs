@@ -25,7 +25,10 @@ pub enum StoreError {
     },
 
     /// The database could not be reached or was busy, locked, full or failing I/O. Nothing of
-    /// this call was written; the same call may be retried.
+    /// this call was written, with one exception that the message names ("outcome unknown"):
+    /// the connection died while committing and the store could not check afterwards. Retrying
+    /// the same call with `NoStream` or `Exact` expectations is always safe: if the first attempt
+    /// did commit, the retry fails with a version conflict instead of writing twice.
     #[error(
         "event store unavailable while {operation}: {source}; nothing was written, retry later"
     )]
@@ -36,7 +39,7 @@ pub enum StoreError {
     },
 
     /// The database answered something the store cannot explain: a bug or corruption. Do not
-    /// retry blindly; run `opledger audit verify` and report it.
+    /// retry blindly: stop writing, keep the database file for investigation and report it.
     #[error(
         "event store failed while {operation}: {source}; this is a bug or corruption, not retryable"
     )]
@@ -97,6 +100,8 @@ pub enum InvalidRequest {
     StreamIdControlChar,
     #[error("event type `{event_type}` is invalid: use 1 to 128 printable characters")]
     EventType { event_type: String },
+    #[error("schema version {schema_version} is invalid: versions start at 1 and fit in 31 bits")]
+    SchemaVersion { schema_version: u32 },
     #[error(
         "the append holds {events} events, more than the limit of {limit}; split it into several appends"
     )]
@@ -149,7 +154,7 @@ pub enum OpenError {
 /// gapless by construction, that means rows were removed or the store is broken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "positions are not contiguous: expected {expected}, found {found}; the ledger was altered, run `opledger audit verify`"
+    "positions are not contiguous: expected {expected}, found {found}; the ledger was altered outside opledger"
 )]
 pub struct PositionGap {
     pub expected: u64,

@@ -91,16 +91,18 @@ impl std::fmt::Debug for Message {
 
 impl Appender {
     /// Starts the appender task on the current tokio runtime.
+    /// `head` carries the last committed position this process knows of; the appender advances
+    /// it after each commit (other tasks, such as a PostgreSQL listener, may advance it too).
     pub(crate) fn spawn<W: BatchWriter>(
         writer: W,
-        head: Position,
+        head: watch::Sender<Position>,
         options: GroupCommitOptions,
     ) -> Self {
         let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
-        let (head_sender, head_receiver) = watch::channel(head);
         let max_events = options.max_batch_events;
+        let head_receiver = head.subscribe();
         tokio::spawn(
-            run(writer, receiver, head_sender, options).instrument(tracing::info_span!("appender")),
+            run(writer, receiver, head, options).instrument(tracing::info_span!("appender")),
         );
         Self {
             queue,
@@ -134,6 +136,17 @@ impl Appender {
             let _ = finished.await;
         }
     }
+}
+
+/// Moves the known head forward to `position` (never back), waking subscribers if it moved.
+pub(crate) fn advance(head: &watch::Sender<Position>, position: Position) {
+    head.send_if_modified(|known| {
+        let advanced = position > *known;
+        if advanced {
+            *known = position;
+        }
+        advanced
+    });
 }
 
 /// Adds one queued message to the batch being formed; returns how many events it added.
@@ -197,16 +210,9 @@ async fn run<W: BatchWriter>(
                 results,
                 head: new_head,
             }) => {
-                head.send_if_modified(|known| {
-                    let Some(new_head) = new_head else {
-                        return false;
-                    };
-                    let advanced = new_head > *known;
-                    if advanced {
-                        *known = new_head;
-                    }
-                    advanced
-                });
+                if let Some(new_head) = new_head {
+                    advance(&head, new_head);
+                }
                 for (reply, result) in replies.drain(..).zip(results) {
                     // A caller that went away (its task was aborted) no longer needs the answer;
                     // its append committed or not as a whole either way.

@@ -1,7 +1,8 @@
 //! opledger's event store: an append-only, globally ordered, hash-chained log of events with
 //! optimistic concurrency per stream.
 //!
-//! - [`EventStore`] is the contract; [`SqliteStore`] is the embedded backend.
+//! - [`EventStore`] is the contract; [`SqliteStore`] is the embedded backend, [`PgStore`] the
+//!   one several instances share; [`AnyStore`] picks one from a database URL.
 //! - Appends are group-committed ([`GroupCommitOptions`]): concurrent calls share one durable
 //!   transaction, and each caller gets its own result.
 //! - Positions are gapless and in commit order, so "the last position I saw" is a safe cursor.
@@ -10,16 +11,19 @@
 //! Architecture invariant: this crate knows nothing of operations, Telegram or any event's
 //! meaning; payloads are opaque JSON bytes.
 
+mod any;
 mod batch;
 pub mod chain;
 mod error;
 mod group_commit;
 mod model;
+pub mod postgres;
 pub mod sqlite;
 mod store;
 mod tail;
 pub mod verify;
 
+pub use any::AnyStore;
 pub use chain::Hash;
 pub use error::{InvalidRequest, OpenError, PositionGap, SharedSource, StoreError};
 pub use group_commit::GroupCommitOptions;
@@ -27,6 +31,7 @@ pub use model::{
     AppendRequest, Appended, ExpectedVersion, Head, MAX_EVENT_TYPE_LEN, MAX_STREAM_ID_LEN,
     NewEvent, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion, empty_object, event_id,
 };
+pub use postgres::{PgOptions, PgStore};
 pub use sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use store::{EventStore, HeadWatch};
 pub use tail::Tail;

@@ -98,7 +98,8 @@ impl SqliteStore {
             connect,
             connection: Some(writer),
         };
-        let appender = Appender::spawn(writer, head.position, options.group_commit);
+        let (head, _) = tokio::sync::watch::channel(head.position);
+        let appender = Appender::spawn(writer, head, options.group_commit);
         Ok(Self {
             inner: Arc::new(Inner { readers, appender }),
         })

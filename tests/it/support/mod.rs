@@ -1,4 +1,7 @@
-//! Shared helpers of the black-box tests: running the real `opledger` binary.
+//! Shared helpers of the black-box tests: running the real `opledger` binary, and test
+//! databases.
+
+pub(crate) mod postgres;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

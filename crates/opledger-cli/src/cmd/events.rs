@@ -122,7 +122,7 @@ fn raw_json(bytes: &[u8], event: &RecordedEvent, field: &str) -> anyhow::Result<
         .and_then(|text| RawValue::from_string(text.to_owned()).ok());
     text.with_context(|| {
         format!(
-            "the {field} of the event at position {} is not valid JSON; run `opledger audit verify`",
+            "the {field} of the event at position {} is not valid JSON: the ledger was altered outside opledger",
             event.position
         )
     })

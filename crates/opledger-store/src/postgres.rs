@@ -1,0 +1,812 @@
+//! The PostgreSQL backend: one ledger shared by several opledger instances.
+//!
+//! The same guarantees as SQLite, on a server where many processes append at once. Each process
+//! has one appender task (group commit) on a dedicated connection; a batch is one short
+//! transaction of four round trips: `BEGIN` (with `SET LOCAL lock_timeout`); one statement that
+//! locks the touched streams that exist, in sorted order, then the head row, and reads their
+//! versions and the head; then every call is decided in memory (a loser is rejected before any
+//! position is allocated) and the accepted events are sealed onto the hash chain; one statement
+//! that creates the new streams, moves the others, inserts the events, moves the head and
+//! notifies; `COMMIT`. Every writer takes stream locks before the head, and creates streams only
+//! while holding the head, so there is no deadlock; if another instance created one of the
+//! batch's new streams in between, the batch is rolled back and redone. Positions are allocated
+//! under the head lock, so they are gapless and in commit order, and a reader that remembers the
+//! last position it saw never skips an event (the trap that sequence-based stores fall into).
+//! `LISTEN/NOTIFY` wakes readers; they still read by position.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::TryStreamExt;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::batch::{Plan, Sealed};
+use crate::chain::Hash;
+use crate::error::{OpenError, StoreError};
+use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions, advance};
+use crate::model::{
+    AppendRequest, Appended, Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion,
+};
+use crate::store::{EventStore, HeadWatch};
+
+/// The schema migrations of the PostgreSQL backend, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
+
+/// The channel on which every append announces the new head position.
+const CHANNEL: &str = "opledger_events";
+
+/// How to open a PostgreSQL ledger.
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// Connections in the read pool.
+    pub read_connections: u32,
+    /// How long an append waits for a lock held by another instance before it fails with
+    /// [`StoreError::Unavailable`] (`SET LOCAL lock_timeout`).
+    pub lock_timeout: Duration,
+    /// How long to wait for a connection (connecting, or from the read pool).
+    pub connect_timeout: Duration,
+    /// Shown in `pg_stat_activity`, so operators can tell opledger's connections apart.
+    pub application_name: String,
+    pub group_commit: GroupCommitOptions,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self {
+            read_connections: 8,
+            lock_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
+            application_name: "opledger".to_owned(),
+            group_commit: GroupCommitOptions::default(),
+        }
+    }
+}
+
+/// An event store in one PostgreSQL database. Cheap to clone; clones share the appender, the
+/// read pool and the listener.
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    readers: PgPool,
+    appender: Appender,
+    listener: JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl PgStore {
+    /// Opens the ledger at a `postgres://` URL and applies pending migrations (the migrator takes
+    /// an advisory lock, so instances starting together do not race).
+    pub async fn open(url: &str, options: PgOptions) -> Result<Self, OpenError> {
+        let connect = connect_options(url, &options)?;
+        let mut writer = tokio::time::timeout(options.connect_timeout, connect.connect())
+            .await
+            .map_err(|_| OpenError::Unreachable {
+                source: sqlx::Error::PoolTimedOut,
+            })?
+            .map_err(open_error)?;
+        migrate(&mut writer).await?;
+        let head = read_head(&mut writer).await.map_err(open_error)?;
+        let readers = PgPoolOptions::new()
+            .max_connections(options.read_connections.max(1))
+            .acquire_timeout(options.connect_timeout)
+            .connect_with(connect.clone())
+            .await
+            .map_err(open_error)?;
+        let (head, _) = watch::channel(head.position);
+        let listener = tokio::spawn(listen(connect.clone(), head.clone()));
+        let writer = PgWriter {
+            connect,
+            connection: Some(writer),
+            begin: format!(
+                "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+                options.lock_timeout.as_millis()
+            ),
+        };
+        let appender = Appender::spawn(writer, head, options.group_commit);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                readers,
+                appender,
+                listener,
+            }),
+        })
+    }
+
+    /// Commits what is queued, then closes the writer, the listener and the read pool. Appends
+    /// after this fail with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        self.inner.appender.close().await;
+        self.inner.listener.abort();
+        self.inner.readers.close().await;
+    }
+}
+
+fn connect_options(url: &str, options: &PgOptions) -> Result<PgConnectOptions, OpenError> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(OpenError::BadUrl {
+            reason: "a PostgreSQL URL starts with postgres://".into(),
+        });
+    }
+    let connect = PgConnectOptions::from_str(url).map_err(|e| OpenError::BadUrl {
+        reason: redacted_reason(&e),
+    })?;
+    Ok(connect
+        .application_name(&options.application_name)
+        // Appends are durable when acknowledged, whatever the server's default says.
+        .options([("synchronous_commit", "on")]))
+}
+
+/// sqlx's URL errors may quote the URL, password included; keep only the kind of problem.
+fn redacted_reason(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Configuration(source) => {
+            let text = source.to_string();
+            if text.contains('@') {
+                "the URL could not be parsed".to_owned()
+            } else {
+                text
+            }
+        }
+        _ => "the URL could not be parsed".to_owned(),
+    }
+}
+
+async fn migrate(connection: &mut PgConnection) -> Result<(), OpenError> {
+    use sqlx::migrate::MigrateError;
+    match MIGRATOR.run(&mut *connection).await {
+        Ok(()) => Ok(()),
+        Err(MigrateError::VersionMissing(found)) => {
+            let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+            Err(OpenError::SchemaTooNew { found, known })
+        }
+        Err(MigrateError::Execute(source)) => Err(open_error(source)),
+        Err(source) => Err(OpenError::Migrate { source }),
+    }
+}
+
+/// The SQLSTATE of a database error.
+fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    Some(error.as_database_error()?.code()?.into_owned())
+}
+
+fn open_error(source: sqlx::Error) -> OpenError {
+    match sqlstate(&source).as_deref() {
+        // read_only_sql_transaction: a standby, or default_transaction_read_only.
+        Some("25006") => OpenError::ReadOnly { source },
+        _ => OpenError::Unreachable { source },
+    }
+}
+
+/// Sorts a database error into "retry later" and "bug or corruption".
+fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
+    let retryable = match &error {
+        sqlx::Error::Database(_) => sqlstate(&error).is_some_and(|code| {
+            // 08: connection exception; 53: insufficient resources; 57P0x: shutdown, restart,
+            // terminated backend; 58: system (I/O) error; 55P03: lock_timeout; 40001/40P01:
+            // serialization failure, deadlock; 25006: read-only (a standby after failover).
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57P")
+                || code.starts_with("58")
+                || matches!(code.as_str(), "55P03" | "40001" | "40P01" | "25006")
+        }),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // A connection killed mid-message surfaces as a protocol error.
+        sqlx::Error::Protocol(_) => true,
+        _ => false,
+    };
+    if retryable {
+        StoreError::unavailable(operation, error)
+    } else {
+        StoreError::storage(operation, error)
+    }
+}
+
+async fn read_head(connection: &mut PgConnection) -> Result<Head, sqlx::Error> {
+    let row = sqlx::query("SELECT last_position, last_hash FROM ledger_head WHERE ledger_id = 1")
+        .fetch_one(connection)
+        .await?;
+    Ok(Head {
+        position: to_u64(row.try_get(0)?, "last_position")?,
+        hash: to_hash(&row.try_get::<Vec<u8>, _>(1)?, "last_hash")?,
+    })
+}
+
+fn to_u64(value: i64, column: &'static str) -> Result<u64, sqlx::Error> {
+    u64::try_from(value).map_err(|e| sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: Box::new(e),
+    })
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).expect("positions and versions fit in bigint")
+}
+
+fn to_hash(bytes: &[u8], column: &'static str) -> Result<Hash, sqlx::Error> {
+    Hash::from_slice(bytes).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: format!("expected 32 bytes, found {}", bytes.len()).into(),
+    })
+}
+
+fn to_stream_id(id: String) -> Result<StreamId, sqlx::Error> {
+    StreamId::new(id).map_err(|e| sqlx::Error::ColumnDecode {
+        index: "stream_id".into(),
+        source: Box::new(e),
+    })
+}
+
+/// `SELECT <every event column> FROM events <tail>`, so the column order that
+/// [`event_from_row`] relies on is written once.
+macro_rules! select_events {
+    ($tail:literal) => {
+        concat!(
+            "SELECT position, stream_id, version, event_id, event_type, schema_version, ",
+            "payload, metadata, recorded_at, prev_hash, hash FROM events ",
+            $tail
+        )
+    };
+}
+
+fn event_from_row(row: &PgRow) -> Result<RecordedEvent, sqlx::Error> {
+    let schema_version: i32 = row.try_get(5)?;
+    Ok(RecordedEvent {
+        position: to_u64(row.try_get(0)?, "position")?,
+        stream_id: to_stream_id(row.try_get(1)?)?,
+        version: to_u64(row.try_get(2)?, "version")?,
+        event_id: row.try_get(3)?,
+        event_type: row.try_get(4)?,
+        schema_version: u32::try_from(schema_version).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "schema_version".into(),
+            source: Box::new(e),
+        })?,
+        payload: row.try_get(6)?,
+        metadata: row.try_get(7)?,
+        recorded_at: row.try_get(8)?,
+        prev_hash: to_hash(&row.try_get::<Vec<u8>, _>(9)?, "prev_hash")?,
+        hash: to_hash(&row.try_get::<Vec<u8>, _>(10)?, "hash")?,
+    })
+}
+
+fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+impl EventStore for PgStore {
+    async fn append(&self, requests: Vec<AppendRequest>) -> Result<Appended, StoreError> {
+        self.inner.appender.append(requests).await
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &StreamId,
+        from_version: StreamVersion,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        const SQL: &str =
+            select_events!("WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3");
+        sqlx::query(SQL)
+            .bind(stream.as_str())
+            .bind(to_i64(from_version))
+            .bind(limit_param(limit))
+            .try_map(|row: PgRow| event_from_row(&row))
+            .fetch_all(&self.inner.readers)
+            .await
+            .map_err(|e| classify("reading a stream", e))
+    }
+
+    async fn read_all(
+        &self,
+        from: Position,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        const SQL: &str = select_events!("WHERE position >= $1 ORDER BY position LIMIT $2");
+        let mut events = Vec::with_capacity(limit.min(4096));
+        let mut rows = sqlx::query(SQL)
+            .bind(to_i64(from))
+            .bind(limit_param(limit))
+            .fetch(&self.inner.readers);
+        while let Some(row) = rows
+            .try_next()
+            .await
+            .map_err(|e| classify("reading events", e))?
+        {
+            events.push(event_from_row(&row).map_err(|e| classify("reading events", e))?);
+        }
+        Ok(events)
+    }
+
+    async fn head(&self) -> Result<Head, StoreError> {
+        let mut connection = self
+            .inner
+            .readers
+            .acquire()
+            .await
+            .map_err(|e| classify("reading the head", e))?;
+        read_head(&mut connection)
+            .await
+            .map_err(|e| classify("reading the head", e))
+    }
+
+    async fn stream_version(&self, stream: &StreamId) -> Result<StreamVersion, StoreError> {
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM streams WHERE stream_id = $1")
+                .bind(stream.as_str())
+                .fetch_optional(&self.inner.readers)
+                .await
+                .map_err(|e| classify("reading a stream version", e))?;
+        to_u64(version.unwrap_or(0), "version").map_err(|e| classify("reading a stream version", e))
+    }
+
+    async fn list_streams(
+        &self,
+        after: Option<&StreamId>,
+        limit: usize,
+    ) -> Result<Vec<StreamInfo>, StoreError> {
+        sqlx::query(
+            "SELECT stream_id, stream_type, version, created_at FROM streams \
+             WHERE stream_id > $1 ORDER BY stream_id LIMIT $2",
+        )
+        .bind(after.map_or("", StreamId::as_str))
+        .bind(limit_param(limit))
+        .try_map(|row: PgRow| {
+            Ok(StreamInfo {
+                stream_id: to_stream_id(row.try_get(0)?)?,
+                category: row.try_get(1)?,
+                version: to_u64(row.try_get(2)?, "version")?,
+                created_at: row.try_get(3)?,
+            })
+        })
+        .fetch_all(&self.inner.readers)
+        .await
+        .map_err(|e| classify("listing streams", e))
+    }
+
+    fn subscribe(&self) -> HeadWatch {
+        self.inner.appender.subscribe()
+    }
+}
+
+/// Follows `NOTIFY opledger_events` (sent by every instance's appends) and moves the known
+/// head forward. A notification is only a hint: when the connection drops, notifications are
+/// lost until it is back, and readers fall back on polling by position.
+async fn listen(connect: PgConnectOptions, head: watch::Sender<Position>) {
+    loop {
+        let mut listener = match PgListener::connect_with(
+            &PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(connect.clone()),
+        )
+        .await
+        {
+            Ok(listener) => listener,
+            Err(error) => {
+                tracing::debug!(%error, "cannot connect the notification listener; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Err(error) = listener.listen(CHANNEL).await {
+            tracing::debug!(%error, "cannot LISTEN; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notification)) => {
+                    if let Ok(position) = notification.payload().parse::<Position>() {
+                        advance(&head, position);
+                    }
+                }
+                // The connection was lost and re-established: notifications may be missing.
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "notification listener failed; reconnecting");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The appender's side of the PostgreSQL backend: one dedicated write connection.
+struct PgWriter {
+    connect: PgConnectOptions,
+    /// `None` after an error: the next batch reconnects, and dropping the broken connection rolls
+    /// back whatever the failed batch had begun.
+    connection: Option<PgConnection>,
+    /// `BEGIN` with this store's `lock_timeout`.
+    begin: String,
+}
+
+impl std::fmt::Debug for PgWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgWriter")
+            .field("connected", &self.connection.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgWriter {
+    /// The connection died while committing, so the batch may or may not be committed. Asks a
+    /// new connection whether the batch's last event is there with its hash: then every caller
+    /// gets its success; if it is not, nothing was written and they get `Unavailable`. If the
+    /// server cannot be asked, the outcome stays unknown (see [`StoreError::Unavailable`]).
+    async fn confirm_commit(
+        &mut self,
+        error: StoreError,
+        outcome: BatchOutcome,
+        last: Head,
+    ) -> Result<BatchOutcome, StoreError> {
+        let check = async {
+            let mut connection = self.connect.connect().await?;
+            let hash: Option<Vec<u8>> =
+                sqlx::query_scalar("SELECT hash FROM events WHERE position = $1")
+                    .bind(to_i64(last.position))
+                    .fetch_optional(&mut connection)
+                    .await?;
+            Ok::<_, sqlx::Error>((connection, hash))
+        };
+        match check.await {
+            Ok((connection, hash)) => {
+                self.connection = Some(connection);
+                if hash.as_deref() == Some(&last.hash.as_bytes()[..]) {
+                    tracing::info!(
+                        position = last.position,
+                        "a commit whose answer was lost did commit"
+                    );
+                    Ok(outcome)
+                } else {
+                    Err(error)
+                }
+            }
+            Err(check_error) => {
+                tracing::warn!(
+                    %error, %check_error,
+                    "the connection died while committing and the outcome could not be checked"
+                );
+                Err(StoreError::unavailable(
+                    "committing an append (outcome unknown: the commit may have happened)",
+                    check_error,
+                ))
+            }
+        }
+    }
+}
+
+impl BatchWriter for PgWriter {
+    async fn write(&mut self, calls: &[Vec<AppendRequest>]) -> Result<BatchOutcome, StoreError> {
+        let connection = match &mut self.connection {
+            Some(connection) => connection,
+            None => {
+                let connection = self
+                    .connect
+                    .connect()
+                    .await
+                    .map_err(|e| classify("reconnecting the writer", e))?;
+                self.connection.insert(connection)
+            }
+        };
+        match write_batch(connection, &self.begin, calls).await {
+            Ok(outcome) => Ok(outcome),
+            Err(BatchError::Failed(error)) => {
+                self.connection = None;
+                Err(error)
+            }
+            Err(BatchError::CommitUnknown {
+                error,
+                outcome,
+                last,
+            }) => {
+                self.connection = None;
+                self.confirm_commit(error, outcome, last).await
+            }
+        }
+    }
+
+    async fn close(mut self) {
+        if let Some(connection) = self.connection.take()
+            && let Err(error) = connection.close().await
+        {
+            tracing::warn!(%error, "closing the PostgreSQL writer failed");
+        }
+    }
+}
+
+/// Locks the touched streams that exist, in sorted (byte) order, then the head row, and returns
+/// the streams' versions (rows tagged 0) and the head with the time this batch's events record
+/// (tagged 1: the database clock, never earlier than the previous append's). `UNION ALL` runs its
+/// branches in order, so every writer takes stream locks before the head: no deadlock. If the
+/// head was held by another instance, the head row read is the one it committed.
+const LOCK: &str = "\
+    SELECT 0 AS tag, s.stream_id, s.version, NULL::bytea AS hash, NULL::timestamptz AS at \
+    FROM (SELECT stream_id, version FROM streams WHERE stream_id = ANY($1) \
+          ORDER BY stream_id FOR UPDATE) AS s \
+    UNION ALL \
+    SELECT 1, NULL, h.last_position, h.last_hash, greatest(h.updated_at, clock_timestamp()) \
+    FROM (SELECT last_position, last_hash, updated_at FROM ledger_head WHERE ledger_id = 1 \
+          FOR UPDATE) AS h";
+
+/// Creates the new streams, moves the existing ones to their new versions, inserts the events,
+/// moves the head to the last event and its hash, and announces the new head: one statement,
+/// one round trip.
+/// Returns how many streams it created: fewer than asked means another instance created one
+/// after this batch looked, so the batch's decisions are stale and it is rolled back and redone.
+const WRITE: &str = "\
+    WITH created AS ( \
+        INSERT INTO streams (stream_id, stream_type, version, created_at) \
+        SELECT n.stream_id, n.stream_type, n.version, $11 \
+        FROM unnest($12::text[], $13::text[], $14::bigint[]) AS n(stream_id, stream_type, version) \
+        ON CONFLICT (stream_id) DO NOTHING \
+        RETURNING 1 \
+    ), moved AS ( \
+        UPDATE streams SET version = v.version \
+        FROM unnest($15::text[], $16::bigint[]) AS v(stream_id, version) \
+        WHERE streams.stream_id = v.stream_id \
+    ), new_events AS ( \
+        INSERT INTO events (position, stream_id, version, event_id, event_type, schema_version, \
+                            payload, metadata, recorded_at, prev_hash, hash) \
+        SELECT e.position, e.stream_id, e.version, e.event_id, e.event_type, e.schema_version, \
+               e.payload, e.metadata, $11, e.prev_hash, e.hash \
+        FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], $6::int4[], \
+                    $7::bytea[], $8::bytea[], $9::bytea[], $10::bytea[]) \
+             AS e(position, stream_id, version, event_id, event_type, schema_version, \
+                  payload, metadata, prev_hash, hash) \
+    ), sealed AS ( \
+        UPDATE ledger_head SET last_position = $18, last_hash = $17, updated_at = $11 \
+        WHERE ledger_id = 1 \
+    ) \
+    SELECT (SELECT count(*) FROM created), pg_notify('opledger_events', $18::bigint::text)";
+
+/// How many times a batch is redone when another instance created one of its new streams
+/// between the batch's look and its write.
+const REDO_LIMIT: usize = 5;
+
+/// One group-commit batch in one transaction: begin, lock the existing streams and read their
+/// versions, decide every call, advance the head, write, commit.
+async fn write_batch(
+    connection: &mut PgConnection,
+    begin: &str,
+    calls: &[Vec<AppendRequest>],
+) -> Result<BatchOutcome, BatchError> {
+    let streams = crate::batch::streams_of(calls);
+    let ids: Vec<&str> = streams.iter().map(|s| s.as_str()).collect();
+    for _ in 0..REDO_LIMIT {
+        sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
+            .execute(&mut *connection)
+            .await
+            .map_err(|e| classify("starting an append", e))?;
+        let rows = sqlx::query(LOCK)
+            .bind(&ids)
+            .fetch_all(&mut *connection)
+            .await
+            .map_err(|e| classify("locking streams and the head", e))?;
+        let (current, head, recorded_at) =
+            decode_lock(&rows).map_err(|e| classify("locking streams and the head", e))?;
+
+        let plan = Plan::decide(calls, &current);
+        if plan.event_count() == 0 {
+            rollback(connection).await?;
+            return Ok(BatchOutcome {
+                results: plan.into_rejections(),
+                head: None,
+            });
+        }
+
+        let sealed = plan.seal(head, recorded_at.timestamp_micros());
+        let columns = Columns::of(&sealed);
+        let (new, existing): (Vec<_>, Vec<_>) = sealed.streams.iter().partition(|w| w.before == 0);
+        let new_ids: Vec<&str> = new.iter().map(|w| w.stream.as_str()).collect();
+        let new_categories: Vec<&str> = new.iter().map(|w| w.stream.category()).collect();
+        let new_versions: Vec<i64> = new.iter().map(|w| to_i64(w.after)).collect();
+        let existing_ids: Vec<&str> = existing.iter().map(|w| w.stream.as_str()).collect();
+        let existing_versions: Vec<i64> = existing.iter().map(|w| to_i64(w.after)).collect();
+        let written = sqlx::query_scalar::<_, i64>(WRITE)
+            .bind(&columns.position)
+            .bind(&columns.stream_id)
+            .bind(&columns.version)
+            .bind(&columns.event_id)
+            .bind(&columns.event_type)
+            .bind(&columns.schema_version)
+            .bind(&columns.payload)
+            .bind(&columns.metadata)
+            .bind(&columns.prev_hash)
+            .bind(&columns.hash)
+            .bind(recorded_at)
+            .bind(&new_ids)
+            .bind(&new_categories)
+            .bind(&new_versions)
+            .bind(&existing_ids)
+            .bind(&existing_versions)
+            .bind(&sealed.new_head.hash.as_bytes()[..])
+            .bind(to_i64(sealed.new_head.position))
+            .fetch_one(&mut *connection)
+            .await;
+        let created = match written {
+            Ok(created) => created,
+            Err(error) if created_elsewhere(&error) => -1,
+            Err(error) => return Err(classify("writing events", error).into()),
+        };
+        if created != new_ids.len() as i64 {
+            // Another instance created one of these streams after this batch looked (its
+            // snapshot predates that commit): the decisions are stale, so decide again.
+            rollback(connection).await?;
+            continue;
+        }
+
+        let last = sealed.new_head;
+        let outcome = BatchOutcome {
+            results: sealed.results,
+            head: Some(last.position),
+        };
+        return match sqlx::raw_sql("COMMIT").execute(&mut *connection).await {
+            Ok(_) => Ok(outcome),
+            Err(error) => match classify("committing an append", error) {
+                error @ StoreError::Unavailable { .. } => Err(BatchError::CommitUnknown {
+                    error,
+                    outcome,
+                    last,
+                }),
+                error => Err(BatchError::Failed(error)),
+            },
+        };
+    }
+    Err(BatchError::Failed(StoreError::unavailable(
+        "appending",
+        Contended {
+            attempts: REDO_LIMIT,
+        },
+    )))
+}
+
+/// A unique violation on a stream's versions: the batch wrote an event at a version that another
+/// instance committed after this batch read the stream.
+fn created_elsewhere(error: &sqlx::Error) -> bool {
+    error.as_database_error().is_some_and(|e| {
+        e.code().as_deref() == Some("23505")
+            && matches!(
+                e.constraint(),
+                Some("events_stream_id_version_key" | "streams_pkey")
+            )
+    })
+}
+
+async fn rollback(connection: &mut PgConnection) -> Result<(), StoreError> {
+    sqlx::raw_sql("ROLLBACK")
+        .execute(connection)
+        .await
+        .map(|_| ())
+        .map_err(|e| classify("ending an append", e))
+}
+
+/// Other instances kept creating this batch's new streams between its look and its write.
+#[derive(Debug, thiserror::Error)]
+#[error("other instances created the same new streams {attempts} times in a row")]
+struct Contended {
+    attempts: usize,
+}
+
+/// How a batch failed: before its commit (nothing written), or while committing (unknown).
+enum BatchError {
+    Failed(StoreError),
+    CommitUnknown {
+        error: StoreError,
+        outcome: BatchOutcome,
+        last: Head,
+    },
+}
+
+impl From<StoreError> for BatchError {
+    fn from(error: StoreError) -> Self {
+        BatchError::Failed(error)
+    }
+}
+
+/// What [`LOCK`] read: the existing streams' versions, the head, and the batch's `recorded_at`.
+type Locked = (HashMap<StreamId, StreamVersion>, Head, DateTime<Utc>);
+
+fn decode_lock(rows: &[PgRow]) -> Result<Locked, sqlx::Error> {
+    let mut versions = HashMap::with_capacity(rows.len());
+    let mut head = None;
+    for row in rows {
+        if row.try_get::<i32, _>(0)? == 0 {
+            let stream = to_stream_id(row.try_get(1)?)?;
+            versions.insert(stream, to_u64(row.try_get(2)?, "version")?);
+        } else {
+            let position = Head {
+                position: to_u64(row.try_get(2)?, "last_position")?,
+                hash: to_hash(&row.try_get::<Vec<u8>, _>(3)?, "last_hash")?,
+            };
+            head = Some((position, row.try_get(4)?));
+        }
+    }
+    let (head, recorded_at) = head.ok_or(sqlx::Error::RowNotFound)?;
+    Ok((versions, head, recorded_at))
+}
+
+/// The batch's events as one array per column, for `unnest`.
+struct Columns<'a> {
+    position: Vec<i64>,
+    stream_id: Vec<&'a str>,
+    version: Vec<i64>,
+    event_id: Vec<uuid::Uuid>,
+    event_type: Vec<&'a str>,
+    schema_version: Vec<i32>,
+    payload: Vec<&'a [u8]>,
+    metadata: Vec<&'a [u8]>,
+    prev_hash: Vec<&'a [u8]>,
+    hash: Vec<&'a [u8]>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(sealed: &'a Sealed<'a>) -> Self {
+        let n = sealed.rows.len();
+        let mut columns = Columns {
+            position: Vec::with_capacity(n),
+            stream_id: Vec::with_capacity(n),
+            version: Vec::with_capacity(n),
+            event_id: Vec::with_capacity(n),
+            event_type: Vec::with_capacity(n),
+            schema_version: Vec::with_capacity(n),
+            payload: Vec::with_capacity(n),
+            metadata: Vec::with_capacity(n),
+            prev_hash: Vec::with_capacity(n),
+            hash: Vec::with_capacity(n),
+        };
+        for row in &sealed.rows {
+            let link = &row.link;
+            columns.position.push(to_i64(link.position));
+            columns.stream_id.push(link.stream_id);
+            columns.version.push(to_i64(link.version));
+            columns.event_id.push(row.event_id);
+            columns.event_type.push(link.event_type);
+            columns.schema_version.push(
+                i32::try_from(link.schema_version).expect("validated to fit in an integer column"),
+            );
+            columns.payload.push(link.payload);
+            columns.metadata.push(link.metadata);
+            columns.prev_hash.push(&row.prev_hash.as_bytes()[..]);
+            columns.hash.push(&row.hash.as_bytes()[..]);
+        }
+        columns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_without_echoing_passwords() {
+        let options = PgOptions::default();
+        assert!(matches!(
+            connect_options("sqlite://x.db", &options),
+            Err(OpenError::BadUrl { .. })
+        ));
+        assert!(connect_options("postgres://app@127.0.0.1:5432/ledger", &options).is_ok());
+        let bad = connect_options("postgres://app:hunter2@127.0.0.1:notaport/x", &options);
+        let message = bad.unwrap_err().to_string();
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+}

@@ -1,0 +1,466 @@
+//! PostgreSQL-only behaviour: the ordering trap that sequence-based stores fall into, connections
+//! killed and the server restarted during appends, TRUNCATE, and the CLI on a PostgreSQL URL.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use opledger_store::{
+    AppendRequest, EventStore, ExpectedVersion, NewEvent, PgOptions, PgStore, StoreError, StreamId,
+    Tail,
+};
+use serde_json::json;
+use sqlx::{Connection, Executor};
+
+use crate::conformance::{assert_consistent, assert_pairs_complete, pair_call};
+use crate::support::postgres::{PrivateCluster, TestDatabase};
+use crate::support::{opledger, stderr, stdout};
+
+fn event(event_type: &str, n: u64) -> NewEvent {
+    NewEvent::from_serialize(event_type, 1, &json!({ "n": n }), &json!({})).unwrap()
+}
+
+fn one(stream: &str, event_type: &str, n: u64) -> Vec<AppendRequest> {
+    vec![AppendRequest::new(
+        StreamId::new(stream).unwrap(),
+        ExpectedVersion::Any,
+        vec![event(event_type, n)],
+    )]
+}
+
+async fn open(url: &str, options: PgOptions) -> PgStore {
+    PgStore::open(url, options).await.expect("open the ledger")
+}
+
+/// Waits until `query` (a count) returns at least `at_least`, or fails after 30 s.
+async fn wait_for_count(connection: &mut sqlx::PgConnection, query: &'static str, at_least: i64) {
+    for _ in 0..3000 {
+        let count: i64 = sqlx::query_scalar(query)
+            .fetch_one(&mut *connection)
+            .await
+            .unwrap();
+        if count >= at_least {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for `{query}` to reach {at_least}");
+}
+
+/// Installs a test-only trigger that makes the insert of any event of type `Held` wait on an
+/// advisory lock, and takes that lock. Returns a control connection and the holder of the lock
+/// (`SELECT pg_advisory_unlock(4242)` on it releases the held append).
+async fn hold_marked_events(database: &TestDatabase) -> (sqlx::PgConnection, sqlx::PgConnection) {
+    let mut control = database.connect().await;
+    control
+        .execute(
+            "CREATE FUNCTION hold_marked_events() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.event_type = 'Held' THEN PERFORM pg_advisory_xact_lock(4242); END IF; \
+             RETURN NEW; END $$; \
+             CREATE TRIGGER hold_marked_events BEFORE INSERT ON events \
+             FOR EACH ROW EXECUTE FUNCTION hold_marked_events()",
+        )
+        .await
+        .unwrap();
+    let mut holder = database.connect().await;
+    holder
+        .execute("SELECT pg_advisory_lock(4242)")
+        .await
+        .unwrap();
+    (control, holder)
+}
+
+/// Counts appends waiting in the `Held` trigger.
+const HELD_WAITING: &str =
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+
+/// Another instance creates a stream after this instance's batch looked at it and before the
+/// batch writes: the batch must notice, decide again, and answer a typed conflict (never a
+/// storage error, never a second "first" event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_created_by_another_instance_mid_batch_is_a_conflict() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let first = open(database.url(), PgOptions::default()).await;
+    let (mut control, mut holder) = hold_marked_events(&database).await;
+    // Instance A creates `update-shop-7` in a transaction held open by its `Held` event.
+    let created = tokio::spawn({
+        let store = first.clone();
+        async move {
+            let mut call = one("op-marker", "Held", 0);
+            call.push(AppendRequest::new(
+                StreamId::new("update-shop-7").unwrap(),
+                ExpectedVersion::NoStream,
+                vec![event("UpdateReceived", 7)],
+            ));
+            store.append(call).await
+        }
+    });
+    wait_for_count(&mut control, HELD_WAITING, 1).await;
+    // Instance B looks now (the stream does not exist for it yet) and waits for the head.
+    let patient = PgOptions {
+        lock_timeout: Duration::from_secs(60),
+        ..PgOptions::default()
+    };
+    let second = open(database.url(), patient).await;
+    let duplicate = tokio::spawn({
+        let store = second.clone();
+        async move {
+            let request = AppendRequest::new(
+                StreamId::new("update-shop-7").unwrap(),
+                ExpectedVersion::NoStream,
+                vec![event("UpdateReceived", 7)],
+            );
+            store.append(vec![request]).await
+        }
+    });
+    wait_for_count(
+        &mut control,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND application_name = 'opledger'",
+        1,
+    )
+    .await;
+    holder
+        .execute("SELECT pg_advisory_unlock(4242)")
+        .await
+        .unwrap();
+
+    created
+        .await
+        .unwrap()
+        .expect("instance A creates the stream");
+    let duplicate = duplicate.await.unwrap();
+    assert!(
+        matches!(
+            duplicate,
+            Err(StoreError::VersionConflict { actual: 1, .. })
+        ),
+        "{duplicate:?}"
+    );
+    assert_eq!(
+        second
+            .stream_version(&StreamId::new("update-shop-7").unwrap())
+            .await
+            .unwrap(),
+        1
+    );
+    assert_consistent(&second).await;
+    first.close().await;
+    second.close().await;
+    holder.close().await.ok();
+    control.close().await.ok();
+}
+
+/// One append is held open in the middle of its transaction (a test-only trigger makes its
+/// event insert wait on an advisory lock this test holds) after it took position 11. Two other
+/// instances append meanwhile. A reader must not see anything past position 10 while the held
+/// append is open, and then every position exactly once, in order, the held one first.
+///
+/// With positions from a sequence, the other appends would commit 12, 13, ... first, and a reader
+/// remembering "last seen 13" would skip 11 forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reader_never_passes_an_append_held_open_mid_commit() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let held_store = open(database.url(), PgOptions::default()).await;
+    for n in 0..10 {
+        held_store
+            .append(one("op-warmup", "Warmup", n))
+            .await
+            .unwrap();
+    }
+    let (mut control, mut holder) = hold_marked_events(&database).await;
+    let held = tokio::spawn({
+        let store = held_store.clone();
+        async move { store.append(one("op-held", "Held", 0)).await }
+    });
+    wait_for_count(&mut control, HELD_WAITING, 1).await;
+
+    // Two more instances (as other processes would be), waiting long enough for the head.
+    let patient = PgOptions {
+        lock_timeout: Duration::from_secs(60),
+        ..PgOptions::default()
+    };
+    let others = [
+        open(database.url(), patient.clone()).await,
+        open(database.url(), patient).await,
+    ];
+    let mut writers = Vec::new();
+    for (i, store) in others.iter().enumerate() {
+        for n in 0..5 {
+            let store = store.clone();
+            writers.push(tokio::spawn(async move {
+                store
+                    .append(one(&format!("op-other-{i}-{n}"), "Other", n))
+                    .await
+            }));
+        }
+    }
+    // Both other instances are now blocked behind the held append's lock on the head row.
+    wait_for_count(
+        &mut control,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND application_name = 'opledger'",
+        2,
+    )
+    .await;
+
+    let reader_store = open(database.url(), PgOptions::default()).await;
+    let mut tail = Tail::new(reader_store.clone(), 11).poll_interval(Duration::from_millis(10));
+    let nothing = tail
+        .next_page_within(100, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    assert_eq!(nothing, None, "the reader passed the held position");
+    assert_eq!(reader_store.head().await.unwrap().position, 10);
+
+    holder
+        .execute("SELECT pg_advisory_unlock(4242)")
+        .await
+        .unwrap();
+    let held = held
+        .await
+        .unwrap()
+        .expect("the held append commits once released");
+    assert_eq!(held.positions, 11..=11);
+    for writer in writers {
+        writer
+            .await
+            .unwrap()
+            .expect("the other appends commit after it");
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 11 {
+        let page = tail
+            .next_page_within(100, Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("the released appends become visible");
+        seen.extend(page);
+    }
+    let positions: Vec<u64> = seen.iter().map(|e| e.position).collect();
+    assert_eq!(positions, (11..=21).collect::<Vec<u64>>());
+    assert_eq!(seen[0].event_type, "Held");
+    assert_consistent(&reader_store).await;
+    for store in [held_store, reader_store].iter().chain(&others) {
+        store.close().await;
+    }
+    holder.close().await.ok();
+    control.close().await.ok();
+}
+
+/// Counts what concurrent writers saw while the test breaks the database under them.
+#[derive(Default)]
+struct Outcomes {
+    committed: AtomicU64,
+    unavailable: AtomicU64,
+    unexpected: std::sync::Mutex<Vec<String>>,
+}
+
+/// Writers that append two-stream calls until `stop`, sorting every answer into `outcomes`.
+fn spawn_writers(
+    store: &PgStore,
+    outcomes: &Arc<Outcomes>,
+    stop: &Arc<AtomicBool>,
+    tag: &str,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..4)
+        .map(|writer| {
+            let (store, outcomes, stop) = (store.clone(), outcomes.clone(), stop.clone());
+            let tag = format!("{tag}{writer}");
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    match store.append(pair_call(&tag, i)).await {
+                        Ok(_) => {
+                            outcomes.committed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(StoreError::Unavailable { .. }) => {
+                            outcomes.unavailable.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        Err(other) => outcomes.unexpected.lock().unwrap().push(other.to_string()),
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect()
+}
+
+async fn wait_for_commits(outcomes: &Outcomes, at_least: u64) {
+    for _ in 0..3000 {
+        if outcomes.committed.load(Ordering::SeqCst) >= at_least {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("writers did not reach {at_least} commits within 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_connections_are_unavailable_and_the_store_recovers() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let name = format!("opledger-kill-{}", std::process::id());
+    let options = PgOptions {
+        application_name: name.clone(),
+        ..PgOptions::default()
+    };
+    let store = open(database.url(), options).await;
+    let (outcomes, stop) = (
+        Arc::new(Outcomes::default()),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let writers = spawn_writers(&store, &outcomes, &stop, "kill");
+    wait_for_commits(&outcomes, 20).await;
+
+    let mut killer = database.connect().await;
+    let mut killed = 0;
+    for _ in 0..30 {
+        let rows: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&name)
+        .fetch_all(&mut killer)
+        .await
+        .unwrap();
+        killed += rows.len();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(killed > 0, "the store's connections were found and killed");
+    let before = outcomes.committed.load(Ordering::SeqCst);
+    wait_for_commits(&outcomes, before + 20).await;
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let unexpected = outcomes.unexpected.lock().unwrap().clone();
+    assert!(
+        unexpected.is_empty(),
+        "only Unavailable may surface: {unexpected:?}"
+    );
+    assert!(
+        outcomes.unavailable.load(Ordering::SeqCst) > 0,
+        "killing the writer's connection surfaced as Unavailable"
+    );
+    // Reads heal too, and nothing was half written.
+    assert!(assert_pairs_complete(&store).await > 0);
+    assert_consistent(&store).await;
+    store.close().await;
+    killer.close().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_server_is_unavailable_then_the_store_continues() {
+    let Some(cluster) = tokio::task::spawn_blocking(PrivateCluster::start)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let options = PgOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..PgOptions::default()
+    };
+    let store = open(&cluster.url(), options).await;
+    let (outcomes, stop) = (
+        Arc::new(Outcomes::default()),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let writers = spawn_writers(&store, &outcomes, &stop, "restart");
+    wait_for_commits(&outcomes, 20).await;
+
+    let cluster = Arc::new(cluster);
+    tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || {
+            cluster.stop();
+            std::thread::sleep(Duration::from_millis(500));
+            cluster.start_server();
+        }
+    })
+    .await
+    .unwrap();
+    let before = outcomes.committed.load(Ordering::SeqCst);
+    wait_for_commits(&outcomes, before + 20).await;
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let unexpected = outcomes.unexpected.lock().unwrap().clone();
+    assert!(
+        unexpected.is_empty(),
+        "only Unavailable may surface: {unexpected:?}"
+    );
+    assert!(outcomes.unavailable.load(Ordering::SeqCst) > 0);
+    assert!(assert_pairs_complete(&store).await > 0);
+    assert_consistent(&store).await;
+    store.close().await;
+    drop(store);
+    drop(cluster);
+}
+
+#[tokio::test]
+async fn truncate_is_refused() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let store = open(database.url(), PgOptions::default()).await;
+    store.append(one("op-kept", "Kept", 0)).await.unwrap();
+    let mut connection = database.connect().await;
+    for sql in [
+        "TRUNCATE events CASCADE",
+        "TRUNCATE ledger_head",
+        "DELETE FROM ledger_head",
+    ] {
+        let error = connection.execute(sql).await.expect_err(sql);
+        assert!(error.to_string().contains("append-only"), "{sql}: {error}");
+    }
+    assert_eq!(assert_consistent(&store).await.len(), 1);
+    store.close().await;
+    connection.close().await.ok();
+}
+
+#[tokio::test]
+async fn the_cli_migrates_and_prints_a_postgres_ledger() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let migrate = opledger(database.url(), &["migrate"]);
+    assert!(migrate.status.success(), "{}", stderr(&migrate));
+    assert!(stdout(&migrate).contains("schema version 1, 0 events"));
+    let store = open(database.url(), PgOptions::default()).await;
+    store.append(one("op-cli", "Received", 7)).await.unwrap();
+    store.close().await;
+    let events = opledger(database.url(), &["events", "--json"]);
+    assert!(events.status.success(), "{}", stderr(&events));
+    let line: serde_json::Value = serde_json::from_str(stdout(&events).trim()).unwrap();
+    assert_eq!(line["position"], 1);
+    assert_eq!(line["stream_id"], "op-cli");
+    assert_eq!(line["payload"], json!({ "n": 7 }));
+    let streams = opledger(database.url(), &["streams", "--json"]);
+    assert!(stdout(&streams).contains("\"stream_id\":\"op-cli\""));
+
+    let mut connection = database.connect().await;
+    connection
+        .execute(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (99, 'from the future', true, '\\x00', 1)",
+        )
+        .await
+        .unwrap();
+    connection.close().await.ok();
+    let newer = opledger(database.url(), &["events"]);
+    assert!(!newer.status.success());
+    assert!(
+        stderr(&newer).contains("schema is newer than this binary"),
+        "{}",
+        stderr(&newer)
+    );
+}
