@@ -406,6 +406,36 @@ async fn a_restarted_server_is_unavailable_then_the_store_continues() {
     drop(cluster);
 }
 
+/// Appends by one instance wake the readers of another: `LISTEN/NOTIFY` carries the new head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instance_s_appends_wake_this_instance_s_readers() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let reader = open(database.url(), PgOptions::default()).await;
+    let writer = open(database.url(), PgOptions::default()).await;
+    let mut watch = reader.subscribe();
+    // The listener connects in the background; append until a notification arrives.
+    let woke = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut n = 0;
+        loop {
+            writer.append(one("op-wake", "Woken", n)).await.unwrap();
+            n += 1;
+            if let Ok(Some(position)) =
+                tokio::time::timeout(Duration::from_millis(200), watch.changed()).await
+            {
+                return position;
+            }
+        }
+    })
+    .await
+    .expect("a notification from the other instance arrived");
+    assert!(woke >= 1);
+    assert!(woke <= writer.head().await.unwrap().position);
+    reader.close().await;
+    writer.close().await;
+}
+
 #[tokio::test]
 async fn truncate_is_refused() {
     let Some(database) = TestDatabase::create().await else {

@@ -1,17 +1,17 @@
 //! The PostgreSQL backend: one ledger shared by several opledger instances.
 //!
-//! The same guarantees as SQLite, on a server where many processes append at once. Each process
-//! has one appender task (group commit) on a dedicated connection; a batch is one short
-//! transaction of four round trips: `BEGIN` (with `SET LOCAL lock_timeout`); one statement that
-//! locks the touched streams that exist, in sorted order, then the head row, and reads their
-//! versions and the head; then every call is decided in memory (a loser is rejected before any
-//! position is allocated) and the accepted events are sealed onto the hash chain; one statement
-//! that creates the new streams, moves the others, inserts the events, moves the head and
+//! The same guarantees as SQLite, on a server where many processes append at once. Each process has
+//! one appender task (group commit) on a dedicated connection; a batch is one short transaction of
+//! four round trips: `BEGIN` (with `SET LOCAL lock_timeout`, and index plans only); one
+//! statement that locks the touched streams that exist, in sorted order, then the head row, and
+//! reads their versions and the head; then every call is decided in memory (a loser is rejected
+//! before any position is allocated) and the accepted events are sealed onto the hash chain; one
+//! statement that creates the new streams, moves the others, inserts the events, moves the head and
 //! notifies; `COMMIT`. Every writer takes stream locks before the head, and creates streams only
-//! while holding the head, so there is no deadlock; if another instance created one of the
-//! batch's new streams in between, the batch is rolled back and redone. Positions are allocated
-//! under the head lock, so they are gapless and in commit order, and a reader that remembers the
-//! last position it saw never skips an event (the trap that sequence-based stores fall into).
+//! while holding the head, so there is no deadlock; if another instance created one of the batch's
+//! new streams in between, the batch is rolled back and redone. Positions are allocated under the
+//! head lock, so they are gapless and in commit order, and a reader that remembers the last
+//! position it saw never skips an event (the trap that sequence-based stores fall into).
 //! `LISTEN/NOTIFY` wakes readers; they still read by position.
 
 use std::collections::HashMap;
@@ -101,10 +101,18 @@ impl PgStore {
             .map_err(open_error)?;
         migrate(&mut writer).await?;
         let head = read_head(&mut writer).await.map_err(open_error)?;
+        // Readers plan each query for its parameters and the ledger's current size: a generic
+        // plan cached while the ledger was small (scan and sort every event) would otherwise
+        // outlive the growth, since nothing guarantees an ANALYZE to invalidate it. These
+        // queries are simple; planning them costs little.
         let readers = PgPoolOptions::new()
             .max_connections(options.read_connections.max(1))
             .acquire_timeout(options.connect_timeout)
-            .connect_with(connect.clone())
+            .connect_with(
+                connect
+                    .clone()
+                    .options([("plan_cache_mode", "force_custom_plan")]),
+            )
             .await
             .map_err(open_error)?;
         let (head, _) = watch::channel(head.position);
@@ -112,8 +120,12 @@ impl PgStore {
         let writer = PgWriter {
             connect,
             connection: Some(writer),
+            // Every statement of a batch has an index path; `enable_seqscan = off` keeps its
+            // cached plan on it. Otherwise a generic plan made while the ledger was small (a
+            // sequential scan of `streams`) would stay as it grows, since nothing guarantees an
+            // ANALYZE (autovacuum may be off) to invalidate it.
             begin: format!(
-                "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+                "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL enable_seqscan = off",
                 options.lock_timeout.as_millis()
             ),
         };
@@ -436,7 +448,7 @@ struct PgWriter {
     /// `None` after an error: the next batch reconnects, and dropping the broken connection rolls
     /// back whatever the failed batch had begun.
     connection: Option<PgConnection>,
-    /// `BEGIN` with this store's `lock_timeout`.
+    /// `BEGIN` with this store's `lock_timeout`, on index paths.
     begin: String,
 }
 

@@ -49,7 +49,7 @@ macro_rules! conformance_suite {
             multi_stream_append_with_one_conflict_writes_nothing,
             conflict_does_not_fail_other_calls_in_its_batch,
             tailing_reader_sees_every_position_once_in_order,
-            events_refuse_update_and_delete,
+            history_refuses_update_and_delete,
             hash_chain_recomputes_from_the_table,
             data_survives_close_and_reopen,
             aborted_appends_leave_no_partial_append_and_no_gap,
@@ -480,7 +480,7 @@ pub(crate) async fn tailing_reader_sees_every_position_once_in_order<B: Backend>
     B::close(store).await;
 }
 
-pub(crate) async fn events_refuse_update_and_delete<B: Backend>(backend: &B) {
+pub(crate) async fn history_refuses_update_and_delete<B: Backend>(backend: &B) {
     let store = backend.open(GroupCommitOptions::default()).await;
     append_one(&store, "op-kept", ExpectedVersion::NoStream, 2)
         .await
@@ -491,16 +491,24 @@ pub(crate) async fn events_refuse_update_and_delete<B: Backend>(backend: &B) {
         "UPDATE events SET payload = payload WHERE position = 2",
         "DELETE FROM events WHERE position = 2",
         "DELETE FROM events",
+        // Streams rows keep their id and only move forward, so no event loses its stream.
+        "DELETE FROM streams",
+        "UPDATE streams SET stream_id = 'op-renamed'",
+        "UPDATE streams SET version = 1 WHERE stream_id = 'op-kept'",
+        // The head names the last event; it cannot be moved back or removed.
+        "UPDATE ledger_head SET last_position = 1",
+        "DELETE FROM ledger_head",
     ] {
         let result = backend.execute_raw(sql).await;
         assert!(result.is_err(), "the database accepted `{sql}`");
         let message = result.unwrap_err().to_string();
         assert!(
-            message.contains("append-only"),
+            message.contains("opledger"),
             "`{sql}` failed for another reason: {message}"
         );
     }
     assert_eq!(assert_consistent(&store).await, before);
+    assert_eq!(store.stream_version(&stream("op-kept")).await.unwrap(), 2);
     B::close(store).await;
 }
 
