@@ -14,6 +14,7 @@
 mod any;
 mod batch;
 pub mod chain;
+mod columns;
 mod error;
 mod group_commit;
 mod model;

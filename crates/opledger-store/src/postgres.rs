@@ -27,7 +27,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::batch::{Plan, Sealed};
-use crate::chain::Hash;
+use crate::columns::{
+    LIST_STREAMS, READ_ALL, READ_HEAD, READ_STREAM, STREAM_VERSION, limit_param, to_hash, to_i64,
+    to_schema_version, to_stream_id, to_u64,
+};
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions, advance};
 use crate::model::{
@@ -234,74 +237,27 @@ fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
 }
 
 async fn read_head(connection: &mut PgConnection) -> Result<Head, sqlx::Error> {
-    let row = sqlx::query("SELECT last_position, last_hash FROM ledger_head WHERE ledger_id = 1")
-        .fetch_one(connection)
-        .await?;
+    let row = sqlx::query(READ_HEAD).fetch_one(connection).await?;
     Ok(Head {
         position: to_u64(row.try_get(0)?, "last_position")?,
         hash: to_hash(&row.try_get::<Vec<u8>, _>(1)?, "last_hash")?,
     })
 }
 
-fn to_u64(value: i64, column: &'static str) -> Result<u64, sqlx::Error> {
-    u64::try_from(value).map_err(|e| sqlx::Error::ColumnDecode {
-        index: column.into(),
-        source: Box::new(e),
-    })
-}
-
-fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).expect("positions and versions fit in bigint")
-}
-
-fn to_hash(bytes: &[u8], column: &'static str) -> Result<Hash, sqlx::Error> {
-    Hash::from_slice(bytes).ok_or_else(|| sqlx::Error::ColumnDecode {
-        index: column.into(),
-        source: format!("expected 32 bytes, found {}", bytes.len()).into(),
-    })
-}
-
-fn to_stream_id(id: String) -> Result<StreamId, sqlx::Error> {
-    StreamId::new(id).map_err(|e| sqlx::Error::ColumnDecode {
-        index: "stream_id".into(),
-        source: Box::new(e),
-    })
-}
-
-/// `SELECT <every event column> FROM events <tail>`, so the column order that
-/// [`event_from_row`] relies on is written once.
-macro_rules! select_events {
-    ($tail:literal) => {
-        concat!(
-            "SELECT position, stream_id, version, event_id, event_type, schema_version, ",
-            "payload, metadata, recorded_at, prev_hash, hash FROM events ",
-            $tail
-        )
-    };
-}
-
 fn event_from_row(row: &PgRow) -> Result<RecordedEvent, sqlx::Error> {
-    let schema_version: i32 = row.try_get(5)?;
     Ok(RecordedEvent {
         position: to_u64(row.try_get(0)?, "position")?,
         stream_id: to_stream_id(row.try_get(1)?)?,
         version: to_u64(row.try_get(2)?, "version")?,
         event_id: row.try_get(3)?,
         event_type: row.try_get(4)?,
-        schema_version: u32::try_from(schema_version).map_err(|e| sqlx::Error::ColumnDecode {
-            index: "schema_version".into(),
-            source: Box::new(e),
-        })?,
+        schema_version: to_schema_version(row.try_get::<i32, _>(5)?.into())?,
         payload: row.try_get(6)?,
         metadata: row.try_get(7)?,
         recorded_at: row.try_get(8)?,
         prev_hash: to_hash(&row.try_get::<Vec<u8>, _>(9)?, "prev_hash")?,
         hash: to_hash(&row.try_get::<Vec<u8>, _>(10)?, "hash")?,
     })
-}
-
-fn limit_param(limit: usize) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
 impl EventStore for PgStore {
@@ -315,9 +271,7 @@ impl EventStore for PgStore {
         from_version: StreamVersion,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        const SQL: &str =
-            select_events!("WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3");
-        sqlx::query(SQL)
+        sqlx::query(READ_STREAM)
             .bind(stream.as_str())
             .bind(to_i64(from_version))
             .bind(limit_param(limit))
@@ -332,9 +286,8 @@ impl EventStore for PgStore {
         from: Position,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        const SQL: &str = select_events!("WHERE position >= $1 ORDER BY position LIMIT $2");
         let mut events = Vec::with_capacity(limit.min(4096));
-        let mut rows = sqlx::query(SQL)
+        let mut rows = sqlx::query(READ_ALL)
             .bind(to_i64(from))
             .bind(limit_param(limit))
             .fetch(&self.inner.readers);
@@ -361,12 +314,11 @@ impl EventStore for PgStore {
     }
 
     async fn stream_version(&self, stream: &StreamId) -> Result<StreamVersion, StoreError> {
-        let version: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM streams WHERE stream_id = $1")
-                .bind(stream.as_str())
-                .fetch_optional(&self.inner.readers)
-                .await
-                .map_err(|e| classify("reading a stream version", e))?;
+        let version: Option<i64> = sqlx::query_scalar(STREAM_VERSION)
+            .bind(stream.as_str())
+            .fetch_optional(&self.inner.readers)
+            .await
+            .map_err(|e| classify("reading a stream version", e))?;
         to_u64(version.unwrap_or(0), "version").map_err(|e| classify("reading a stream version", e))
     }
 
@@ -375,23 +327,20 @@ impl EventStore for PgStore {
         after: Option<&StreamId>,
         limit: usize,
     ) -> Result<Vec<StreamInfo>, StoreError> {
-        sqlx::query(
-            "SELECT stream_id, stream_type, version, created_at FROM streams \
-             WHERE stream_id > $1 ORDER BY stream_id LIMIT $2",
-        )
-        .bind(after.map_or("", StreamId::as_str))
-        .bind(limit_param(limit))
-        .try_map(|row: PgRow| {
-            Ok(StreamInfo {
-                stream_id: to_stream_id(row.try_get(0)?)?,
-                category: row.try_get(1)?,
-                version: to_u64(row.try_get(2)?, "version")?,
-                created_at: row.try_get(3)?,
+        sqlx::query(LIST_STREAMS)
+            .bind(after.map_or("", StreamId::as_str))
+            .bind(limit_param(limit))
+            .try_map(|row: PgRow| {
+                Ok(StreamInfo {
+                    stream_id: to_stream_id(row.try_get(0)?)?,
+                    category: row.try_get(1)?,
+                    version: to_u64(row.try_get(2)?, "version")?,
+                    created_at: row.try_get(3)?,
+                })
             })
-        })
-        .fetch_all(&self.inner.readers)
-        .await
-        .map_err(|e| classify("listing streams", e))
+            .fetch_all(&self.inner.readers)
+            .await
+            .map_err(|e| classify("listing streams", e))
     }
 
     fn subscribe(&self) -> HeadWatch {

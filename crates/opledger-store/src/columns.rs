@@ -1,0 +1,66 @@
+//! What both backends share about reading rows: the read statements (`$n` placeholders work on
+//! SQLite and PostgreSQL alike) and the checked conversions between column and model types.
+
+use crate::chain::Hash;
+use crate::model::StreamId;
+
+/// `SELECT <every event column> FROM events <tail>`, so the column order that the backends'
+/// row decoders rely on is written once.
+macro_rules! select_events {
+    ($tail:literal) => {
+        concat!(
+            "SELECT position, stream_id, version, event_id, event_type, schema_version, ",
+            "payload, metadata, recorded_at, prev_hash, hash FROM events ",
+            $tail
+        )
+    };
+}
+
+pub(crate) const READ_STREAM: &str =
+    select_events!("WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3");
+pub(crate) const READ_ALL: &str = select_events!("WHERE position >= $1 ORDER BY position LIMIT $2");
+pub(crate) const READ_HEAD: &str =
+    "SELECT last_position, last_hash FROM ledger_head WHERE ledger_id = 1";
+pub(crate) const STREAM_VERSION: &str = "SELECT version FROM streams WHERE stream_id = $1";
+pub(crate) const LIST_STREAMS: &str = "SELECT stream_id, stream_type, version, created_at \
+     FROM streams WHERE stream_id > $1 ORDER BY stream_id LIMIT $2";
+
+/// A non-negative integer column (position, version) as the model's `u64`.
+pub(crate) fn to_u64(value: i64, column: &'static str) -> Result<u64, sqlx::Error> {
+    u64::try_from(value).map_err(|e| sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: Box::new(e),
+    })
+}
+
+/// A position or version for a 64-bit signed integer column.
+pub(crate) fn to_i64(value: u64) -> i64 {
+    // Positions and versions come from the databases' own 64-bit signed integer columns.
+    i64::try_from(value).expect("positions and versions fit in a signed 64-bit column")
+}
+
+pub(crate) fn to_hash(bytes: &[u8], column: &'static str) -> Result<Hash, sqlx::Error> {
+    Hash::from_slice(bytes).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: format!("expected 32 bytes, found {}", bytes.len()).into(),
+    })
+}
+
+pub(crate) fn to_stream_id(id: String) -> Result<StreamId, sqlx::Error> {
+    StreamId::new(id).map_err(|e| sqlx::Error::ColumnDecode {
+        index: "stream_id".into(),
+        source: Box::new(e),
+    })
+}
+
+pub(crate) fn to_schema_version(value: i64) -> Result<u32, sqlx::Error> {
+    u32::try_from(value).map_err(|e| sqlx::Error::ColumnDecode {
+        index: "schema_version".into(),
+        source: Box::new(e),
+    })
+}
+
+/// A read limit as a SQL parameter.
+pub(crate) fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
