@@ -10,6 +10,9 @@
 //! | no stream | `UpdateReceived` (epoch 1) | `UpdateReceived` (epoch 1) |
 //! | within retention of the epoch's first receipt | `DuplicateDeliveryObserved` | `UpdateIdCollision` |
 //! | after the retention window | `UpdateReceived` (next epoch) | `UpdateReceived` (next epoch) |
+//!
+//! A first receipt is followed by `RawUpdateStored` only when the operator opted in to keeping
+//! raw bodies (they hold message text).
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
@@ -28,6 +31,8 @@ domain_events! {
         DuplicateDeliveryObserved,
         /// A different body arrived under an id seen within the retention window; not processed.
         UpdateIdCollision,
+        /// The raw body of the update, kept only when the operator opted in.
+        RawUpdateStored,
     }
 }
 
@@ -97,6 +102,17 @@ pub struct UpdateIdCollision {
     pub received_at: DateTime<Utc>,
 }
 
+/// The raw body of an update, kept in the ledger only when the operator opted in
+/// (`store_raw_updates = true`): it holds message text, which the ledger otherwise never stores.
+/// Appended right after the epoch's `UpdateReceived`, in the same append.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawUpdateStored {
+    /// The epoch whose body this is.
+    pub epoch: u32,
+    /// The body as received (UTF-8; Telegram sends JSON).
+    pub body: String,
+}
+
 /// What intake asks of a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeliveryCommand {
@@ -124,6 +140,9 @@ pub enum DeliveryCommand {
         operation: Option<OperationLink>,
         /// How long an id counts as the same update after its epoch's first receipt.
         retention: TimeDelta,
+        /// The raw body, when the operator opted in to keeping it: a first receipt then also
+        /// appends [`RawUpdateStored`].
+        raw_body: Option<String>,
     },
 }
 
@@ -170,6 +189,7 @@ pub fn decide(
         received_at,
         operation,
         retention,
+        raw_body,
     } = command;
     if validate_name(NameKind::Bot, bot).is_err() {
         return Err(invalid(
@@ -209,7 +229,7 @@ pub fn decide(
         Some(_) => state.epoch.saturating_add(1),
         None => 1,
     };
-    Ok(vec![
+    let mut events = vec![
         UpdateReceived {
             bot: bot.clone(),
             update_id: *update_id,
@@ -224,7 +244,17 @@ pub fn decide(
             operation: operation.clone(),
         }
         .into(),
-    ])
+    ];
+    if let Some(body) = raw_body {
+        events.push(
+            RawUpdateStored {
+                epoch,
+                body: body.clone(),
+            }
+            .into(),
+        );
+    }
+    Ok(events)
 }
 
 /// Applies one event to the state.
@@ -242,6 +272,7 @@ pub fn evolve(mut state: Delivery, event: &DeliveryEvent) -> Delivery {
         DeliveryEvent::UpdateIdCollision(_) => {
             state.collisions = state.collisions.saturating_add(1);
         }
+        DeliveryEvent::RawUpdateStored(_) => {}
     }
     state
 }

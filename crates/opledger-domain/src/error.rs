@@ -223,6 +223,17 @@ pub enum DeliveryRejection {
     },
 }
 
+/// Why a RepeatGuard refused a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RepeatGuardRejection {
+    /// The command itself is malformed.
+    #[error("invalid repeat check: {reason}; fix the caller, retrying will not help")]
+    InvalidCommand {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
 /// Why a CallbackToken refused to be issued. A refused click is not an error: it is recorded
 /// as a `TokenRejected` event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -96,23 +96,42 @@ pub fn operation_stream(action: &str, business_key: &str) -> Result<String, IdEr
     if business_key.is_empty() {
         return Err(IdError::EmptyBusinessKey);
     }
-    let head = format!("op-{action}-");
-    let fits = head.len() + business_key.len() <= MAX_OPERATION_STREAM_LEN;
-    let plain = !business_key
-        .chars()
-        .any(|c| c.is_control() || c == HASH_MARKER);
-    if fits && plain {
-        return Ok(head + business_key);
-    }
+    Ok(bounded(format!("op-{action}-"), business_key))
+}
 
-    let hash = hex::encode(Sha256::digest(business_key.as_bytes()));
+/// The RepeatGuard stream of one user's repeats of one command:
+/// `recent-{bot}-{chat}-{user}-{normalized command}` (`-` for a missing chat or user), with
+/// the command shortened and hashed like an operation's key when the id would be too long.
+pub fn repeat_guard_stream(
+    bot: &str,
+    chat_id: Option<i64>,
+    user_id: Option<i64>,
+    normalized_command: &str,
+) -> Result<String, IdError> {
+    validate_name(NameKind::Bot, bot)?;
+    if normalized_command.is_empty() {
+        return Err(IdError::EmptyBusinessKey);
+    }
+    let id = |v: Option<i64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    let head = format!("recent-{bot}-{}-{}-", id(chat_id), id(user_id));
+    Ok(bounded(head, normalized_command))
+}
+
+/// `head` followed by `key` when that fits in [`MAX_OPERATION_STREAM_LEN`] bytes and the key has
+/// no control character and no `~`; otherwise by a readable prefix of the key (control
+/// characters and `~` removed, cut at a character boundary), `~`, and the first 32 hex
+/// characters of the key's SHA-256.
+fn bounded(head: String, key: &str) -> String {
+    let fits = head.len() + key.len() <= MAX_OPERATION_STREAM_LEN;
+    let plain = !key.chars().any(|c| c.is_control() || c == HASH_MARKER);
+    if fits && plain {
+        return head + key;
+    }
+    let hash = hex::encode(Sha256::digest(key.as_bytes()));
     let budget = MAX_OPERATION_STREAM_LEN - head.len() - HASH_MARKER.len_utf8() - KEY_HASH_HEX_LEN;
     let mut id = head;
     let mut used = 0;
-    for c in business_key
-        .chars()
-        .filter(|c| !c.is_control() && *c != HASH_MARKER)
-    {
+    for c in key.chars().filter(|c| !c.is_control() && *c != HASH_MARKER) {
         if used + c.len_utf8() > budget {
             break;
         }
@@ -121,7 +140,7 @@ pub fn operation_stream(action: &str, business_key: &str) -> Result<String, IdEr
     }
     id.push(HASH_MARKER);
     id.push_str(&hash[..KEY_HASH_HEX_LEN]);
-    Ok(id)
+    id
 }
 
 /// The CallbackToken stream of one button token: `cb-{token}`.

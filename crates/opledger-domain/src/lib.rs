@@ -21,6 +21,8 @@
 //! | `update-{bot}-{update_id}` | [`Delivery`] | `UpdateReceived` | receipt-level dedup of a Telegram update |
 //! | `op-{action}-{business key}` | [`Operation`] | `Received` | one per business action; its version is the lock |
 //! | `cb-{token}` | [`CallbackToken`] | `TokenIssued` | one-time button tokens, consumed at most once |
+//! | `recent-{bot}-{chat}-{user}-{command}` | [`RepeatGuard`] | `CommandSeen` | sliding window over a user repeating a command |
+//! | `quarantine-{bot}` | (none) | `BodyQuarantined` | authenticated bodies that are not updates: digest and size only |
 //!
 //! The [`Operation`]'s legal moves are data: [`TRANSITIONS`] is consulted before any guard, and
 //! the tests prove that no sequence of commands reaches two terminal events, a second live claim
@@ -40,14 +42,22 @@ pub mod error;
 pub mod event;
 pub mod ids;
 pub mod operation;
+pub mod quarantine;
+pub mod repeat_guard;
 
 pub use aggregate::Aggregate;
 pub use callback_token::{CallbackToken, CallbackTokenCommand, CallbackTokenEvent, TokenStatus};
 pub use delivery::{Delivery, DeliveryCommand, DeliveryEvent, OperationLink};
-pub use error::{DecodeError, DeliveryRejection, IdError, IssueRejection, NameKind, Rejection};
+pub use error::{
+    DecodeError, DeliveryRejection, IdError, IssueRejection, NameKind, Rejection,
+    RepeatGuardRejection,
+};
 pub use event::{Causation, DomainEvent, EventMetadata, SCHEMA_VERSION};
-pub use ids::{OperationId, callback_stream, delivery_stream, operation_stream};
+pub use ids::{
+    OperationId, callback_stream, delivery_stream, operation_stream, repeat_guard_stream,
+};
 pub use operation::{
     Claim, CommandKind, Operation, OperationCommand, OperationEvent, ReplyStatus, Status,
     TRANSITIONS, Transition, fingerprint,
 };
+pub use repeat_guard::{RepeatGuard, RepeatGuardCommand, RepeatGuardEvent};

@@ -1,7 +1,9 @@
 //! Given/when/then table for the Delivery: first receipt, duplicate, collision, new epoch.
 
 use chrono::TimeDelta;
-use opledger_domain::delivery::{DeliveryCommand, DuplicateDeliveryObserved, UpdateIdCollision};
+use opledger_domain::delivery::{
+    DeliveryCommand, DeliveryEvent, DuplicateDeliveryObserved, RawUpdateStored, UpdateIdCollision,
+};
 use opledger_domain::{Delivery, DeliveryRejection};
 
 use crate::fixtures::*;
@@ -125,4 +127,30 @@ fn malformed_arrivals_are_refused() {
             .when(command, t(0))
             .then_reject(DeliveryRejection::InvalidCommand { reason });
     }
+}
+
+#[test]
+fn a_raw_body_is_kept_only_when_asked_for() {
+    let mut command = record(DIGEST_A, 0);
+    let DeliveryCommand::RecordUpdate { raw_body, .. } = &mut command;
+    *raw_body = Some(r#"{"update_id":1}"#.to_owned());
+    given::<Delivery>([]).when(command, t(0)).then(vec![
+        update_received(DIGEST_A, 0, 1),
+        RawUpdateStored {
+            epoch: 1,
+            body: r#"{"update_id":1}"#.to_owned(),
+        }
+        .into(),
+    ]);
+    // A duplicate never stores the body again.
+    let mut repeat = record(DIGEST_A, 10);
+    let DeliveryCommand::RecordUpdate { raw_body, .. } = &mut repeat;
+    *raw_body = Some(r#"{"update_id":1}"#.to_owned());
+    let (_, result) = given::<Delivery>([update_received(DIGEST_A, 0, 1)])
+        .when(repeat, t(10))
+        .result();
+    assert!(matches!(
+        result.unwrap().as_slice(),
+        [DeliveryEvent::DuplicateDeliveryObserved(_)]
+    ));
 }

@@ -7,7 +7,8 @@ use opledger_domain::callback_token::{
     CallbackTokenEvent, TokenConsumed, TokenIssued, TokenRejected, TokenRejection,
 };
 use opledger_domain::delivery::{
-    DeliveryCommand, DeliveryEvent, DuplicateDeliveryObserved, UpdateIdCollision, UpdateReceived,
+    DeliveryCommand, DeliveryEvent, DuplicateDeliveryObserved, RawUpdateStored, UpdateIdCollision,
+    UpdateReceived,
 };
 use opledger_domain::operation::{
     Claimed, CommandKind, Confirmed, ConfirmedVia, ExternalCallSent, Failed, KeyConflictRecorded,
@@ -15,6 +16,8 @@ use opledger_domain::operation::{
     Reconciled, ReplyFailed, ReplyOutcomeUnknown, ReplyRetryScheduled, ReplySent, ReplyStarted,
     RetryScheduled, Status, TransitionRejected,
 };
+use opledger_domain::quarantine::{BodyQuarantined, QuarantineEvent};
+use opledger_domain::repeat_guard::{CommandSeen, RepeatGuardEvent};
 use opledger_domain::{OperationId, OperationLink, fingerprint, operation_stream};
 
 pub(crate) const BOT: &str = "shop";
@@ -294,6 +297,7 @@ pub(crate) fn record(digest: &str, at: i64) -> DeliveryCommand {
         received_at: t(at),
         operation: Some(link(false)),
         retention: TimeDelta::days(7),
+        raw_body: None,
     }
 }
 
@@ -330,6 +334,36 @@ pub(crate) fn every_delivery_event() -> Vec<DeliveryEvent> {
             first_digest: DIGEST_A.to_owned(),
             new_digest: DIGEST_B.to_owned(),
             received_at: t(45),
+        }
+        .into(),
+        RawUpdateStored {
+            epoch: 1,
+            body: r#"{"update_id":1,"message":{"text":"/coupon spring"}}"#.to_owned(),
+        }
+        .into(),
+    ]
+}
+
+/// One event of every RepeatGuard type, with fixed values.
+pub(crate) fn every_repeat_guard_event() -> Vec<RepeatGuardEvent> {
+    vec![
+        CommandSeen {
+            update_id: 9_007_199_254_740_993,
+            message_date: t(5),
+            epoch: 2,
+        }
+        .into(),
+    ]
+}
+
+/// One event of every quarantine type, with fixed values.
+pub(crate) fn every_quarantine_event() -> Vec<QuarantineEvent> {
+    vec![
+        BodyQuarantined {
+            reason: "no_update_id".to_owned(),
+            digest: DIGEST_A.to_owned(),
+            size: 17,
+            received_at: t(1),
         }
         .into(),
     ]

@@ -8,3 +8,4 @@ mod ids;
 mod operation;
 mod payloads;
 mod properties;
+mod repeat_guard;

@@ -49,6 +49,16 @@ fn delivery_payloads_are_pinned_and_round_trip() {
 }
 
 #[test]
+fn repeat_guard_payloads_are_pinned_and_round_trip() {
+    pin_all("repeat_guard", &every_repeat_guard_event());
+}
+
+#[test]
+fn quarantine_payloads_are_pinned_and_round_trip() {
+    pin_all("quarantine", &every_quarantine_event());
+}
+
+#[test]
 fn callback_token_payloads_are_pinned_and_round_trip() {
     pin_all("callback_token", &every_token_event());
 }
