@@ -1,0 +1,32 @@
+//! opledger's configuration: the TOML file's typed, validated form, with secrets read from
+//! environment variables the file names.
+//!
+//! [`Config::parse`] takes the file's text and a function that looks up environment variables,
+//! and returns a [`Config`] in which every check has passed, or the first [`ConfigError`],
+//! whose message is one line naming the key at fault (`opledger serve` prints it and exits
+//! with code 2). [`Config::default`] is the configuration without a file.
+//!
+//! **Architecture invariant: this crate is pure.** It never reads a file or the environment
+//! itself; only the CLI does, and passes the results in. So every rule here is tested with
+//! literal text and a fake environment.
+//!
+//! Secrets (bot tokens, webhook secrets) never appear in the file: `*_env` keys name the
+//! environment variables that hold them, and they are kept as [`secrecy::SecretString`], so
+//! `Debug` output and error messages never show them. The key reference is `docs/config.md`.
+//!
+//! [`template`] holds the `{placeholder}` templates: business keys, replies and lookup URLs.
+
+mod config;
+mod error;
+mod raw;
+pub mod template;
+
+pub use config::{
+    ActionConfig, BotConfig, BotMode, Config, EffectorConfig, RESERVED_COMMANDS, ReplyConfig,
+    ServerConfig, StorageBackend, StorageConfig, StorageUrl,
+};
+pub use error::{ConfigError, RenderError, TemplateError};
+pub use secrecy::{ExposeSecret, SecretString};
+pub use template::{
+    KeyTemplate, ReplyKind, ReplyPlaceholder, ReplyTemplate, Template, UrlTemplate,
+};

@@ -1,0 +1,609 @@
+//! Black-box tests of `Config::parse`: the example file, defaults, secrets, and one test per
+//! kind of error with its exact one-line message.
+
+use std::time::Duration;
+
+use opledger_config::{
+    BotMode, Config, ConfigError, ExposeSecret, ReplyPlaceholder, StorageBackend, StorageUrl,
+};
+
+const TOKEN: &str = "123456:CANARY-token-value_xyz";
+const WEBHOOK_SECRET: &str = "canary_webhook-secret";
+
+/// The environment the tests run with: only the variables they name.
+fn env(name: &str) -> Option<String> {
+    match name {
+        "SHOP_BOT_TOKEN" | "OTHER_BOT_TOKEN" => Some(TOKEN.to_owned()),
+        "SHOP_WEBHOOK_SECRET" => Some(WEBHOOK_SECRET.to_owned()),
+        "EMPTY_VAR" => Some(String::new()),
+        "BAD_SECRET" => Some("has spaces and !".to_owned()),
+        _ => None,
+    }
+}
+
+const BOT: &str = r#"
+[[bots]]
+name = "shop"
+token_env = "SHOP_BOT_TOKEN"
+webhook_secret_env = "SHOP_WEBHOOK_SECRET"
+"#;
+
+const ACTION: &str = r#"
+[[actions]]
+name = "coupon"
+bot = "shop"
+command = "coupon"
+params = ["campaign"]
+key = "{campaign}:{user_id}"
+"#;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, &env)
+}
+
+/// The one-line message of the error `text` produces.
+fn error(text: &str) -> String {
+    let message = parse(text)
+        .expect_err("the config must be refused")
+        .to_string();
+    assert!(!message.contains('\n'), "one line: {message}");
+    message
+}
+
+#[test]
+fn example_file_parses_with_its_variables_set() {
+    let config = parse(include_str!("../../../opledger.example.toml")).unwrap();
+    assert_eq!(config.storage.url.backend(), StorageBackend::Sqlite);
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(
+        config.server.dedup_retention,
+        Duration::from_secs(72 * 3600)
+    );
+    assert_eq!(config.bots.len(), 1);
+    let bot = &config.bots[0];
+    assert_eq!(bot.mode, BotMode::Webhook);
+    assert_eq!(bot.token.expose_secret(), TOKEN);
+    assert_eq!(
+        bot.webhook_secret.as_ref().map(|s| s.expose_secret()),
+        Some(WEBHOOK_SECRET)
+    );
+    assert_eq!(bot.api_base_url, "https://api.telegram.org");
+    assert_eq!(config.actions.len(), 2);
+    let coupon = config.action_for_command("shop", "coupon").unwrap();
+    assert_eq!(coupon.repeat_window, Some(Duration::from_secs(30)));
+    let effector = coupon.effector.as_ref().unwrap();
+    assert_eq!(
+        effector
+            .lookup_url
+            .as_ref()
+            .unwrap()
+            .render("7c0a2f56-0000-5000-8000-000000000001")
+            .unwrap()
+            .as_str(),
+        "http://127.0.0.1:9000/coupons/by-reference/7c0a2f56-0000-5000-8000-000000000001"
+    );
+    assert_eq!(
+        coupon.reply.confirmed.placeholders().collect::<Vec<_>>(),
+        [
+            ReplyPlaceholder::Param("campaign"),
+            ReplyPlaceholder::Result("code")
+        ]
+    );
+    let signup = config.action("signup").unwrap();
+    assert_eq!(signup.repeat_window, None);
+    assert!(signup.effector.as_ref().unwrap().honours_idempotency_key);
+}
+
+#[test]
+fn example_file_uses_every_key() {
+    let example = include_str!("../../../opledger.example.toml");
+    let keys = [
+        "url",
+        "listen",
+        "body_limit_bytes",
+        "request_timeout_ms",
+        "shutdown_grace_ms",
+        "dedup_retention_hours",
+        "store_raw_updates",
+        "name",
+        "token_env",
+        "webhook_secret_env",
+        "api_base_url",
+        "mode",
+        "poll_timeout_secs",
+        "max_connections",
+        "bot",
+        "command",
+        "params",
+        "key",
+        "repeat_window_secs",
+        "timeout_ms",
+        "honours_idempotency_key",
+        "lookup_url",
+        "max_attempts",
+        "confirmed",
+        "failed",
+    ];
+    for key in keys {
+        assert!(
+            example.contains(&format!("\n{key} = ")),
+            "the example shows `{key}`"
+        );
+    }
+}
+
+#[test]
+fn no_file_means_the_defaults() {
+    let config = Config::default();
+    assert_eq!(config.storage.url.expose_secret(), "sqlite://opledger.db");
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.server.body_limit_bytes, 1024 * 1024);
+    assert_eq!(config.server.request_timeout, Duration::from_secs(10));
+    assert_eq!(config.server.shutdown_grace, Duration::from_secs(10));
+    assert_eq!(
+        config.server.dedup_retention,
+        Duration::from_secs(72 * 3600)
+    );
+    assert!(!config.server.store_raw_updates);
+    assert!(config.bots.is_empty() && config.actions.is_empty());
+    // An empty file is the same as no file.
+    assert_eq!(format!("{:?}", parse("").unwrap()), format!("{config:?}"));
+}
+
+#[test]
+fn omitted_keys_take_their_defaults() {
+    let config = parse(&format!("{BOT}{ACTION}")).unwrap();
+    let bot = &config.bots[0];
+    assert_eq!(bot.api_base_url, "https://api.telegram.org");
+    assert_eq!(bot.mode, BotMode::Webhook);
+    assert_eq!(bot.poll_timeout, Duration::from_secs(30));
+    assert_eq!(bot.max_connections, 40);
+    let action = &config.actions[0];
+    assert_eq!(action.repeat_window, None);
+    assert!(action.effector.is_none());
+    assert_eq!(action.reply.confirmed.as_str(), "Done.");
+    assert_eq!(
+        action.reply.failed.as_str(),
+        "Sorry, that did not work: {error}"
+    );
+
+    let effector = parse(&format!(
+        "{BOT}{ACTION}[actions.effector]\nurl = \"http://127.0.0.1:9000/x\"\n"
+    ))
+    .unwrap()
+    .actions[0]
+        .effector
+        .clone()
+        .unwrap();
+    assert_eq!(effector.timeout, Duration::from_millis(2000));
+    assert!(!effector.honours_idempotency_key);
+    assert_eq!(effector.lookup_url, None);
+    assert_eq!(effector.max_attempts, 5);
+}
+
+#[test]
+fn poll_mode_needs_no_webhook_secret_and_base_url_loses_its_slash() {
+    let config = parse(
+        r#"
+[[bots]]
+name = "shop"
+token_env = "SHOP_BOT_TOKEN"
+mode = "poll"
+poll_timeout_secs = 0
+api_base_url = "http://127.0.0.1:8081/"
+"#,
+    )
+    .unwrap();
+    let bot = &config.bots[0];
+    assert_eq!(bot.mode, BotMode::Poll);
+    assert!(bot.webhook_secret.is_none());
+    assert_eq!(bot.poll_timeout, Duration::ZERO);
+    assert_eq!(bot.api_base_url, "http://127.0.0.1:8081");
+}
+
+#[test]
+fn debug_output_shows_no_secret() {
+    let text = format!(
+        "[storage]\nurl = \"postgres://app:CANARY-db-password@db.example/ledger\"\n{BOT}{ACTION}"
+    );
+    let config = parse(&text).unwrap();
+    let debug = format!("{config:?}");
+    let pretty = format!("{config:#?}");
+    for shown in [&debug, &pretty] {
+        assert!(!shown.contains("CANARY"), "a secret leaked: {shown}");
+        assert!(!shown.contains("canary"), "a secret leaked: {shown}");
+    }
+    assert!(debug.contains("postgres://app:***@db.example/ledger"));
+    assert!(debug.contains("SHOP_BOT_TOKEN"), "variable names are shown");
+    assert_eq!(
+        config.storage.url.expose_secret(),
+        "postgres://app:CANARY-db-password@db.example/ledger"
+    );
+}
+
+#[test]
+fn storage_urls_are_redacted() {
+    let url =
+        StorageUrl::new("postgresql://u:p@h:5432/db?password=CANARY&sslmode=require").unwrap();
+    assert_eq!(url.backend(), StorageBackend::Postgres);
+    assert_eq!(
+        url.redacted(),
+        "postgresql://u:***@h:5432/db?password=***&sslmode=require"
+    );
+    assert_eq!(
+        StorageUrl::new("sqlite::memory:").unwrap().redacted(),
+        "sqlite::memory:"
+    );
+}
+
+// One test per kind of error, each with its exact message.
+
+#[test]
+fn unknown_key_at_top_level() {
+    assert_eq!(
+        error("[storge]\nurl = \"sqlite://x.db\"\n"),
+        "config key `storge`: unknown key; check its spelling (keys allowed here: storage, \
+         server, bots, actions)"
+    );
+}
+
+#[test]
+fn unknown_key_in_a_section() {
+    assert_eq!(
+        error("[server]\nlisten = \"127.0.0.1:1\"\nbody_limit = 5\n"),
+        "config key `server.body_limit`: unknown key; check its spelling (keys allowed here: \
+         listen, body_limit_bytes, request_timeout_ms, shutdown_grace_ms, \
+         dedup_retention_hours, store_raw_updates)"
+    );
+}
+
+#[test]
+fn unknown_key_in_a_bot() {
+    assert_eq!(
+        error(&format!(
+            "{BOT}\n[[bots]]\nname = \"other\"\ntokn_env = \"X\"\n"
+        )),
+        "config key `bots[1].tokn_env`: unknown key; check its spelling (keys allowed here: \
+         name, token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, \
+         max_connections)"
+    );
+}
+
+#[test]
+fn a_secret_written_in_the_file_is_an_unknown_key_and_is_not_echoed() {
+    let message = error(
+        "[[bots]]\nname = \"shop\"\ntoken = \"123456:CANARY\"\ntoken_env = \"SHOP_BOT_TOKEN\"\n",
+    );
+    assert_eq!(
+        message,
+        "config key `bots[0].token`: unknown key; secrets never go in the config file: name the \
+         environment variable that holds it with `token_env` (keys allowed here: name, \
+         token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, max_connections)"
+    );
+}
+
+#[test]
+fn unknown_key_in_an_action() {
+    assert_eq!(
+        error(&format!("{BOT}{ACTION}repeat_window = 30\n")),
+        "config key `actions[0].repeat_window`: unknown key; check its spelling (keys allowed \
+         here: name, bot, command, params, key, repeat_window_secs, effector, reply)"
+    );
+}
+
+#[test]
+fn unknown_key_in_an_effector() {
+    assert_eq!(
+        error(&format!(
+            "{BOT}{ACTION}[actions.effector]\nurl = \"http://127.0.0.1:9000/c\"\nretries = 3\n"
+        )),
+        "config key `actions[0].effector.retries`: unknown key; check its spelling (keys \
+         allowed here: url, timeout_ms, honours_idempotency_key, lookup_url, max_attempts)"
+    );
+}
+
+#[test]
+fn wrong_type() {
+    assert_eq!(
+        error("[server]\nstore_raw_updates = \"yes\"\n"),
+        "config key `server.store_raw_updates`: has the wrong type; it must be true or false"
+    );
+    assert_eq!(
+        error(&format!("{BOT}max_connections = \"many\"\n")),
+        "config key `bots[0].max_connections`: has the wrong type; it must be an integer"
+    );
+}
+
+#[test]
+fn invalid_toml_names_the_line() {
+    assert_eq!(
+        error("[server]\nlisten = 127.0.0.1:8080\n"),
+        "config file line 2, column 15: invalid TOML: invalid float, expected nothing; fix the \
+         file's syntax"
+    );
+}
+
+#[test]
+fn missing_env_var() {
+    assert_eq!(
+        error("[[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_TOKEN_MISSING\"\n"),
+        "config key `bots[0].token_env`: environment variable `SHOP_TOKEN_MISSING` is not set; \
+         export it with the bot token"
+    );
+}
+
+#[test]
+fn empty_env_var() {
+    assert_eq!(
+        error("[[bots]]\nname = \"shop\"\ntoken_env = \"EMPTY_VAR\"\n"),
+        "config key `bots[0].token_env`: environment variable `EMPTY_VAR` is empty; export it \
+         with the bot token"
+    );
+}
+
+#[test]
+fn env_key_holding_something_else_than_a_name_is_not_echoed() {
+    assert_eq!(
+        error("[[bots]]\nname = \"shop\"\ntoken_env = \"123456:CANARY\"\n"),
+        "config key `bots[0].token_env`: must name an environment variable (A-Z, 0-9 and _, \
+         not starting with a digit) that holds the bot token; the secret itself never goes in \
+         the config file"
+    );
+}
+
+#[test]
+fn webhook_secret_required_in_webhook_mode() {
+    assert_eq!(
+        error("[[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_BOT_TOKEN\"\n"),
+        "config key `bots[0].webhook_secret_env`: is required when mode is \"webhook\"; name the \
+         environment variable that holds the webhook secret, e.g. \"SHOP_WEBHOOK_SECRET\""
+    );
+}
+
+#[test]
+fn bad_webhook_secret_charset() {
+    assert_eq!(
+        error(
+            "[[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_BOT_TOKEN\"\n\
+             webhook_secret_env = \"BAD_SECRET\"\n"
+        ),
+        "config key `bots[0].webhook_secret_env`: environment variable `BAD_SECRET` does not \
+         hold a valid webhook secret; Telegram accepts 1 to 256 characters of A-Z, a-z, 0-9, _ \
+         and -"
+    );
+}
+
+#[test]
+fn bad_bot_name_and_mode_and_base_url() {
+    assert_eq!(
+        error("[[bots]]\nname = \"Shop\"\n"),
+        "config key `bots[0].name`: bot name \"Shop\" is invalid: use 1 to 64 characters from \
+         a-z, 0-9 and _"
+    );
+    assert_eq!(
+        error(&format!("{BOT}mode = \"polling\"\n")),
+        "config key `bots[0].mode`: must be \"webhook\" or \"poll\", not \"polling\""
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}api_base_url = \"https://api.telegram.org/bot\"\n"
+        )),
+        "config key `bots[0].api_base_url`: must be only a scheme, host and optional port, e.g. \
+         \"https://api.telegram.org\" (opledger appends /bot<token>/<method> itself)"
+    );
+}
+
+#[test]
+fn malformed_template() {
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
+            ACTION.replace("{campaign}:", "{campaign:")
+        )),
+        "config key `actions[0].key`: unclosed `{` at character 1; close the placeholder with \
+         `}`, or write `{{` for a literal `{`"
+    );
+}
+
+#[test]
+fn unknown_placeholder() {
+    assert_eq!(
+        error(&format!("{BOT}{}", ACTION.replace("{campaign}:", "{foo}:"))),
+        "config key `actions[0].key`: unknown placeholder `{foo}`; use a param (campaign) or \
+         one of user_id, chat_id, bot, action"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{ACTION}[actions.reply]\nconfirmed = \"Your coupon: {{result.code}} {{eror}}\"\n"
+        )),
+        "config key `actions[0].reply.confirmed`: unknown placeholder `{eror}`; use a param \
+         (campaign) or one of result.<field>, external_id, operation_id, action"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{ACTION}[actions.effector]\nurl = \"http://127.0.0.1:9000/c\"\n\
+             lookup_url = \"http://127.0.0.1:9000/c/{{id}}\"\n"
+        )),
+        "config key `actions[0].effector.lookup_url`: unknown placeholder `{id}`; the only \
+         placeholder allowed in a URL is {operation_id}"
+    );
+}
+
+#[test]
+fn duplicate_command() {
+    let second = ACTION.replace("\"coupon\"\nbot", "\"coupon2\"\nbot");
+    assert_eq!(
+        error(&format!("{BOT}{ACTION}{second}")),
+        "config key `actions[1].command`: duplicate command `/coupon` for bot `shop` (also \
+         actions[0], action `coupon`); give each action of a bot its own command"
+    );
+}
+
+#[test]
+fn same_command_on_two_bots_is_fine() {
+    let other_bot =
+        "[[bots]]\nname = \"other\"\ntoken_env = \"OTHER_BOT_TOKEN\"\nmode = \"poll\"\n";
+    let second = ACTION.replace("\"coupon\"\nbot = \"shop\"", "\"coupon2\"\nbot = \"other\"");
+    let config = parse(&format!("{BOT}{other_bot}{ACTION}{second}")).unwrap();
+    assert_eq!(
+        config.action_for_command("other", "coupon").unwrap().name,
+        "coupon2"
+    );
+}
+
+#[test]
+fn duplicate_action_name() {
+    let second = ACTION.replace("command = \"coupon\"", "command = \"coupon2\"");
+    assert_eq!(
+        error(&format!("{BOT}{ACTION}{second}")),
+        "config key `actions[1].name`: duplicate action name `coupon` (also actions[0].name); \
+         action names must be unique because they name the operations' streams"
+    );
+}
+
+#[test]
+fn duplicate_bot() {
+    assert_eq!(
+        error(&format!("{BOT}{BOT}")),
+        "config key `bots[1].name`: duplicate bot name `shop` (also bots[0].name); give each bot \
+         its own name"
+    );
+}
+
+#[test]
+fn action_naming_an_unknown_bot() {
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
+            ACTION.replace("bot = \"shop\"", "bot = \"shp\"")
+        )),
+        "config key `actions[0].bot`: names no configured bot `shp`; configured bots: shop"
+    );
+}
+
+#[test]
+fn reserved_command() {
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
+            ACTION.replace("command = \"coupon\"", "command = \"status\"")
+        )),
+        "config key `actions[0].command`: `/status` is reserved for the built-in query that \
+         answers it; choose another command"
+    );
+}
+
+#[test]
+fn bad_params() {
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
+            ACTION.replace("[\"campaign\"]", "[\"campaign\", \"campaign\"]")
+        )),
+        "config key `actions[0].params[1]`: duplicate param `campaign` (also params[0]); name \
+         each param once"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
+            ACTION.replace("[\"campaign\"]", "[\"user_id\"]")
+        )),
+        "config key `actions[0].params[0]`: `user_id` is a built-in placeholder name, so a \
+         template could not tell them apart; give the param another name"
+    );
+}
+
+#[test]
+fn bad_listen_address() {
+    assert_eq!(
+        error("[server]\nlisten = \"localhost:8080\"\n"),
+        "config key `server.listen`: `localhost:8080` is not an IP address with a port; write \
+         e.g. \"127.0.0.1:8080\" (host names are not resolved)"
+    );
+}
+
+#[test]
+fn retention_out_of_range() {
+    assert_eq!(
+        error("[server]\ndedup_retention_hours = 24\n"),
+        "config key `server.dedup_retention_hours`: 24 is out of range; use 25 to 167 hours: \
+         more than 24 (Telegram retries an update for up to 24 h) and less than 168 (update ids \
+         may restart at random after a week of silence)"
+    );
+    assert!(parse("[server]\ndedup_retention_hours = 167\n").is_ok());
+    assert!(
+        error("[server]\ndedup_retention_hours = 168\n")
+            .starts_with("config key `server.dedup_retention_hours`: 168 is out of range")
+    );
+}
+
+#[test]
+fn bad_storage_url_hides_the_rest_of_the_url() {
+    assert_eq!(
+        error("[storage]\nurl = \"mysql://root:CANARY@db/x\"\n"),
+        "config key `storage.url`: must start with `sqlite:`, `postgres://` or `postgresql://` \
+         (not `mysql:`)"
+    );
+    assert_eq!(
+        error("[storage]\n"),
+        "config key `storage.url`: is required when [storage] is present; write e.g. \
+         \"sqlite://opledger.db\" or \"postgres://user@host/db\", or remove [storage] for the \
+         SQLite default"
+    );
+}
+
+#[test]
+fn key_without_placeholder() {
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
+            ACTION.replace("\"{campaign}:{user_id}\"", "\"x\"")
+        )),
+        "config key `actions[0].key`: the key has no placeholder, so every request would be the \
+         same operation; use e.g. {user_id}, or {action} if the action really happens once ever"
+    );
+}
+
+#[test]
+fn errors_expose_their_key() {
+    let err = parse("[server]\nlisten = \"nope\"\n").unwrap_err();
+    assert_eq!(err.key(), Some("server.listen"));
+    let err = parse("[server\n").unwrap_err();
+    assert_eq!(err.key(), None);
+}
+
+#[test]
+fn other_values_out_of_range_or_malformed() {
+    assert_eq!(
+        error(&format!("{BOT}max_connections = 0\n")),
+        "config key `bots[0].max_connections`: 0 is out of range; use 1 to 100 (Telegram's range \
+         for setWebhook)"
+    );
+    assert_eq!(
+        error("[server]\nrequest_timeout_ms = 60000\n"),
+        "config key `server.request_timeout_ms`: 60000 is out of range; use 100 to 30000 ms; \
+         Telegram waits at most 60 s for an answer, so stay well under it"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
+            ACTION.replace("command = \"coupon\"", "command = \"/coupon\"")
+        )),
+        "config key `actions[0].command`: write the command without its slash: \"coupon\", not \
+         \"/coupon\""
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{ACTION}[actions.effector]\nurl = \"http://u:CANARY@127.0.0.1:9000/c\"\n"
+        )),
+        "config key `actions[0].effector.url`: must not contain a user name or password: \
+         secrets never go in the config file"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{ACTION}[actions.effector]\nmax_attempts = 0\n"
+        )),
+        "config key `actions[0].effector.url`: is required; write the URL the action POSTs to, \
+         e.g. \"http://127.0.0.1:9000/coupons\""
+    );
+}
