@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
 use opledger_store::{
-    AnyStore, AppendRequest, EventStore, ExpectedVersion, GroupCommitOptions, NewEvent, StreamId,
+    AnyOptions, AnyStore, AppendRequest, EventStore, ExpectedVersion, NewEvent, StreamId,
 };
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -134,7 +134,7 @@ where
 }
 
 async fn store_appends(url: &str, callers: u64, seconds: u64, scattered: bool) -> Rate {
-    let store = AnyStore::open(url, GroupCommitOptions::default())
+    let store = AnyStore::open(url, AnyOptions::default())
         .await
         .expect("open");
     let keys = if scattered {
@@ -167,7 +167,7 @@ async fn store_appends(url: &str, callers: u64, seconds: u64, scattered: bool) -
 
 /// Fills a ledger with `total` events: operations of four events each, 50 streams per call.
 async fn fill(url: &str, total: u64) {
-    let store = AnyStore::open(url, GroupCommitOptions::default())
+    let store = AnyStore::open(url, AnyOptions::default())
         .await
         .expect("open");
     let mut written = 0;
@@ -513,7 +513,7 @@ async fn run<B: Baseline>(
     // The reading store is opened on the empty ledger and reads it before the fill, as a
     // long-running service would have: query plans cached while the ledger was empty must not
     // slow it down once it is large.
-    let reader = AnyStore::open(&url, GroupCommitOptions::default())
+    let reader = AnyStore::open(&url, AnyOptions::default())
         .await
         .expect("open");
     for _ in 0..10 {

@@ -2,6 +2,7 @@
 
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::GroupCommitOptions;
+use crate::inline::InlineProjections;
 use crate::model::{
     AppendRequest, Appended, Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion,
 };
@@ -17,18 +18,39 @@ pub enum AnyStore {
     Postgres(PgStore),
 }
 
+/// What both backends take when the URL picks one; the rest are each backend's defaults.
+#[derive(Clone, Debug, Default)]
+pub struct AnyOptions {
+    pub group_commit: GroupCommitOptions,
+    /// Read models updated inside every append transaction.
+    pub inline: InlineProjections,
+}
+
+/// The read pool of whichever backend, for read models that live in the ledger's database.
+#[derive(Clone, Copy, Debug)]
+pub enum ReadPool<'a> {
+    Sqlite(&'a sqlx::SqlitePool),
+    Postgres(&'a sqlx::PgPool),
+}
+
 impl AnyStore {
-    /// Opens the ledger at `url` with each backend's defaults and the given group commit.
-    pub async fn open(url: &str, group_commit: GroupCommitOptions) -> Result<Self, OpenError> {
+    /// Opens the ledger at `url` with each backend's defaults and the given options.
+    pub async fn open(url: &str, options: AnyOptions) -> Result<Self, OpenError> {
+        let AnyOptions {
+            group_commit,
+            inline,
+        } = options;
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let options = PgOptions {
                 group_commit,
+                inline,
                 ..PgOptions::default()
             };
             Ok(Self::Postgres(PgStore::open(url, options).await?))
         } else if url.starts_with("sqlite:") {
             let options = SqliteOptions {
                 group_commit,
+                inline,
                 ..SqliteOptions::default()
             };
             Ok(Self::Sqlite(SqliteStore::open(url, options).await?))
@@ -47,6 +69,14 @@ impl AnyStore {
             AnyStore::Postgres(_) => &crate::postgres::MIGRATOR,
         };
         migrator.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    /// The read pool, for read models in the same database.
+    pub fn reader(&self) -> ReadPool<'_> {
+        match self {
+            AnyStore::Sqlite(store) => ReadPool::Sqlite(store.reader()),
+            AnyStore::Postgres(store) => ReadPool::Postgres(store.reader()),
+        }
     }
 
     /// Commits what is queued and releases every connection.

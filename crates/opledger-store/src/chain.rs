@@ -69,6 +69,11 @@ pub struct Link<'a> {
 }
 
 impl Link<'_> {
+    /// When the event was recorded.
+    pub fn recorded_at(&self) -> chrono::DateTime<chrono::Utc> {
+        crate::model::micros_to_datetime(self.recorded_at_micros)
+    }
+
     /// The hash of this event given its predecessor's hash.
     pub fn seal(&self, prev: &Hash) -> Hash {
         let mut h = Sha256::new();

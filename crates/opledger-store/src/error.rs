@@ -143,6 +143,13 @@ pub enum OpenError {
         source: sqlx::Error,
     },
 
+    #[error("could not install the read model `{name}`: {source}")]
+    Projection {
+        name: &'static str,
+        #[source]
+        source: crate::inline::ProjectionError,
+    },
+
     #[error("could not apply the schema migrations: {source}")]
     Migrate {
         #[source]

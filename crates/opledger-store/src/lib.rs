@@ -17,6 +17,7 @@ pub mod chain;
 mod columns;
 mod error;
 mod group_commit;
+pub mod inline;
 mod model;
 pub mod postgres;
 pub mod sqlite;
@@ -24,10 +25,11 @@ mod store;
 mod tail;
 pub mod verify;
 
-pub use any::AnyStore;
+pub use any::{AnyOptions, AnyStore, ReadPool};
 pub use chain::Hash;
 pub use error::{InvalidRequest, OpenError, PositionGap, SharedSource, StoreError};
 pub use group_commit::GroupCommitOptions;
+pub use inline::{InlineProjection, InlineProjections};
 pub use model::{
     AppendRequest, Appended, ExpectedVersion, Head, MAX_EVENT_TYPE_LEN, MAX_STREAM_ID_LEN,
     NewEvent, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion, empty_object, event_id,

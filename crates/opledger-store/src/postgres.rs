@@ -33,6 +33,7 @@ use crate::columns::{
 };
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions, advance};
+use crate::inline::InlineProjections;
 use crate::model::{
     AppendRequest, Appended, Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion,
 };
@@ -57,6 +58,8 @@ pub struct PgOptions {
     /// Shown in `pg_stat_activity`, so operators can tell opledger's connections apart.
     pub application_name: String,
     pub group_commit: GroupCommitOptions,
+    /// Read models updated inside every append transaction.
+    pub inline: InlineProjections,
 }
 
 impl Default for PgOptions {
@@ -67,6 +70,7 @@ impl Default for PgOptions {
             connect_timeout: Duration::from_secs(10),
             application_name: "opledger".to_owned(),
             group_commit: GroupCommitOptions::default(),
+            inline: InlineProjections::new(),
         }
     }
 }
@@ -103,6 +107,15 @@ impl PgStore {
             })?
             .map_err(open_error)?;
         migrate(&mut writer).await?;
+        for projection in &options.inline {
+            projection
+                .install_postgres(&mut writer)
+                .await
+                .map_err(|source| OpenError::Projection {
+                    name: projection.name(),
+                    source,
+                })?;
+        }
         let head = read_head(&mut writer).await.map_err(open_error)?;
         // Readers plan each query for its parameters and the ledger's current size: a generic
         // plan cached while the ledger was small (scan and sort every event) would otherwise
@@ -123,6 +136,7 @@ impl PgStore {
         let writer = PgWriter {
             connect,
             connection: Some(writer),
+            inline: options.inline,
             // Every statement of a batch has an index path; `enable_seqscan = off` keeps its
             // cached plan on it. Otherwise a generic plan made while the ledger was small (a
             // sequential scan of `streams`) would stay as it grows, since nothing guarantees an
@@ -148,6 +162,11 @@ impl PgStore {
         self.inner.appender.close().await;
         self.inner.listener.abort();
         self.inner.readers.close().await;
+    }
+
+    /// The read pool, for read models that live in the same database.
+    pub fn reader(&self) -> &PgPool {
+        &self.inner.readers
     }
 }
 
@@ -207,10 +226,10 @@ fn open_error(source: sqlx::Error) -> OpenError {
     }
 }
 
-/// Sorts a database error into "retry later" and "bug or corruption".
-fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
-    let retryable = match &error {
-        sqlx::Error::Database(_) => sqlstate(&error).is_some_and(|code| {
+/// Whether a database error means "retry later" rather than a bug or corruption.
+fn retryable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(_) => sqlstate(error).is_some_and(|code| {
             // 08: connection exception; 53: insufficient resources; 57P0x: shutdown, restart,
             // terminated backend; 58: system (I/O) error; 55P03: lock_timeout; 40001/40P01:
             // serialization failure, deadlock; 25006: read-only (a standby after failover).
@@ -228,8 +247,12 @@ fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
         // A connection killed mid-message surfaces as a protocol error.
         sqlx::Error::Protocol(_) => true,
         _ => false,
-    };
-    if retryable {
+    }
+}
+
+/// Sorts a database error into "retry later" and "bug or corruption".
+fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
+    if retryable(&error) {
         StoreError::unavailable(operation, error)
     } else {
         StoreError::storage(operation, error)
@@ -397,6 +420,7 @@ struct PgWriter {
     /// `None` after an error: the next batch reconnects, and dropping the broken connection rolls
     /// back whatever the failed batch had begun.
     connection: Option<PgConnection>,
+    inline: InlineProjections,
     /// `BEGIN` with this store's `lock_timeout`, on index paths.
     begin: String,
 }
@@ -469,7 +493,7 @@ impl BatchWriter for PgWriter {
                 self.connection.insert(connection)
             }
         };
-        match write_batch(connection, &self.begin, calls).await {
+        match write_batch(connection, &self.begin, &self.inline, calls).await {
             Ok(outcome) => Ok(outcome),
             Err(BatchError::Failed(error)) => {
                 self.connection = None;
@@ -549,6 +573,7 @@ const REDO_LIMIT: usize = 5;
 async fn write_batch(
     connection: &mut PgConnection,
     begin: &str,
+    inline: &InlineProjections,
     calls: &[Vec<AppendRequest>],
 ) -> Result<BatchOutcome, BatchError> {
     let streams = crate::batch::streams_of(calls);
@@ -614,6 +639,15 @@ async fn write_batch(
             // snapshot predates that commit): the decisions are stale, so decide again.
             rollback(connection).await?;
             continue;
+        }
+        if !inline.is_empty() {
+            let events: Vec<_> = sealed.rows.iter().map(|row| row.link).collect();
+            for projection in inline {
+                projection
+                    .apply_postgres(connection, &events)
+                    .await
+                    .map_err(|e| crate::inline::failed(projection.name(), e, retryable))?;
+            }
         }
 
         let last = sealed.new_head;

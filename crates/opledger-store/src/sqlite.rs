@@ -24,6 +24,7 @@ use crate::columns::{
 };
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions};
+use crate::inline::InlineProjections;
 use crate::model::{
     AppendRequest, Appended, Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion,
     micros_to_datetime,
@@ -54,6 +55,8 @@ pub struct SqliteOptions {
     /// Connections in the read pool.
     pub read_connections: u32,
     pub group_commit: GroupCommitOptions,
+    /// Read models updated inside every append transaction.
+    pub inline: InlineProjections,
 }
 
 impl Default for SqliteOptions {
@@ -63,6 +66,7 @@ impl Default for SqliteOptions {
             busy_timeout: Duration::from_secs(5),
             read_connections: 4,
             group_commit: GroupCommitOptions::default(),
+            inline: InlineProjections::new(),
         }
     }
 }
@@ -86,6 +90,15 @@ impl SqliteStore {
         let connect = connect_options(url, &options)?;
         let mut writer = connect.connect().await.map_err(open_error)?;
         migrate(&mut writer).await?;
+        for projection in &options.inline {
+            projection
+                .install_sqlite(&mut writer)
+                .await
+                .map_err(|source| OpenError::Projection {
+                    name: projection.name(),
+                    source,
+                })?;
+        }
         let head = read_head(&mut writer).await.map_err(open_error)?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.read_connections.max(1))
@@ -100,6 +113,7 @@ impl SqliteStore {
         let writer = SqliteWriter {
             connect,
             connection: Some(writer),
+            inline: options.inline,
         };
         let (head, _) = tokio::sync::watch::channel(head.position);
         let appender = Appender::spawn(writer, head, options.group_commit);
@@ -113,6 +127,11 @@ impl SqliteStore {
     pub async fn close(&self) {
         self.inner.appender.close().await;
         self.inner.readers.close().await;
+    }
+
+    /// The read pool (`query_only` connections), for read models that live in the same file.
+    pub fn reader(&self) -> &SqlitePool {
+        &self.inner.readers
     }
 }
 
@@ -190,11 +209,12 @@ fn open_error(source: sqlx::Error) -> OpenError {
     }
 }
 
-/// Sorts a database error into "retry later" and "bug or corruption".
-pub(crate) fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
-    let retryable = match &error {
+/// Whether a database error means "retry later" (busy, locked, I/O, full disk, gone) rather than
+/// a bug or corruption.
+pub(crate) fn retryable(error: &sqlx::Error) -> bool {
+    match error {
         sqlx::Error::Database(_) => matches!(
-            primary_code(&error),
+            primary_code(error),
             Some(
                 SQLITE_BUSY
                     | SQLITE_LOCKED
@@ -210,8 +230,12 @@ pub(crate) fn classify(operation: &'static str, error: sqlx::Error) -> StoreErro
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
         _ => false,
-    };
-    if retryable {
+    }
+}
+
+/// Sorts a database error into "retry later" and "bug or corruption".
+pub(crate) fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
+    if retryable(&error) {
         StoreError::unavailable(operation, error)
     } else {
         StoreError::storage(operation, error)
@@ -349,6 +373,7 @@ struct SqliteWriter {
     /// `None` after an error: the next batch reconnects, so a broken connection heals itself,
     /// and closing it rolls back whatever the failed batch had begun.
     connection: Option<SqliteConnection>,
+    inline: InlineProjections,
 }
 
 impl BatchWriter for SqliteWriter {
@@ -364,7 +389,7 @@ impl BatchWriter for SqliteWriter {
                 self.connection.insert(connection)
             }
         };
-        let result = write_batch(connection, calls).await;
+        let result = write_batch(connection, &self.inline, calls).await;
         if result.is_err() {
             // The transaction may be open; dropping the connection rolls it back.
             self.connection = None;
@@ -426,6 +451,7 @@ const WRITE_AND_COMMIT: &str = "\
 /// accepted events onto the chain, write and commit.
 async fn write_batch(
     connection: &mut SqliteConnection,
+    inline: &InlineProjections,
     calls: &[Vec<AppendRequest>],
 ) -> Result<BatchOutcome, StoreError> {
     let streams: Vec<&str> = crate::batch::streams_of(calls)
@@ -453,6 +479,15 @@ async fn write_batch(
         });
     }
     let sealed = plan.seal(head, recorded_at);
+    if !inline.is_empty() {
+        let events: Vec<_> = sealed.rows.iter().map(|row| row.link).collect();
+        for projection in inline {
+            projection
+                .apply_sqlite(connection, &events)
+                .await
+                .map_err(|e| crate::inline::failed(projection.name(), e, retryable))?;
+        }
+    }
     let (streams, events) = encode_rows(&sealed);
     sqlx::query(WRITE_AND_COMMIT)
         .bind(streams)

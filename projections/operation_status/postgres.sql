@@ -1,0 +1,29 @@
+-- operation_status (PostgreSQL): one row per operation, updated inline with every append to its
+-- stream. Disposable: it can be dropped and rebuilt from the ledger.
+CREATE TABLE IF NOT EXISTS operation_status (
+    operation_id  text COLLATE "C" PRIMARY KEY,
+    stream_id     text COLLATE "C" NOT NULL UNIQUE,
+    action        text        NOT NULL,
+    business_key  text        NOT NULL,
+    bot           text        NOT NULL,
+    chat_id       bigint,
+    user_id       bigint,
+    status        text        NOT NULL,
+    attempts      integer     NOT NULL,
+    worker        text,
+    lease_until   timestamptz,
+    -- When a worker should look at the operation next; NULL once nothing is left to do.
+    due_at        timestamptz,
+    external_id   text,
+    last_error    text,
+    reply         text        NOT NULL,
+    key_conflicts integer     NOT NULL,
+    created_at    timestamptz NOT NULL,
+    updated_at    timestamptz NOT NULL,
+    version       bigint      NOT NULL,
+    last_position bigint      NOT NULL
+);
+CREATE INDEX IF NOT EXISTS operation_status_due ON operation_status (due_at)
+    WHERE due_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS operation_status_by_user ON operation_status (bot, user_id, updated_at);
+CREATE INDEX IF NOT EXISTS operation_status_by_status ON operation_status (status, updated_at);

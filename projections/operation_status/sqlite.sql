@@ -1,0 +1,30 @@
+-- operation_status (SQLite): one row per operation, updated inline with every append to its
+-- stream. Disposable: it can be dropped and rebuilt from the ledger. Times are microseconds since
+-- the Unix epoch (UTC), like the ledger's.
+CREATE TABLE IF NOT EXISTS operation_status (
+    operation_id  TEXT    PRIMARY KEY,
+    stream_id     TEXT    NOT NULL UNIQUE,
+    action        TEXT    NOT NULL,
+    business_key  TEXT    NOT NULL,
+    bot           TEXT    NOT NULL,
+    chat_id       INTEGER,
+    user_id       INTEGER,
+    status        TEXT    NOT NULL,
+    attempts      INTEGER NOT NULL,
+    worker        TEXT,
+    lease_until   INTEGER,
+    -- When a worker should look at the operation next; NULL once nothing is left to do.
+    due_at        INTEGER,
+    external_id   TEXT,
+    last_error    TEXT,
+    reply         TEXT    NOT NULL,
+    key_conflicts INTEGER NOT NULL,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    version       INTEGER NOT NULL,
+    last_position INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS operation_status_due ON operation_status (due_at)
+    WHERE due_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS operation_status_by_user ON operation_status (bot, user_id, updated_at);
+CREATE INDEX IF NOT EXISTS operation_status_by_status ON operation_status (status, updated_at);
