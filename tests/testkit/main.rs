@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use opledger_store::{
-    AnyStore, AppendRequest, EventStore, ExpectedVersion, GroupCommitOptions, NewEvent, StoreError,
+    AnyOptions, AnyStore, AppendRequest, EventStore, ExpectedVersion, NewEvent, StoreError,
     StreamId,
 };
 
@@ -83,7 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let budget: Option<u64> = arg(&args, "--calls").map(|v| v.parse()).transpose()?;
     let hot: u64 = arg(&args, "--hot-streams").map_or(Ok(0), |v| v.parse())?;
 
-    let store = AnyStore::open(&url, GroupCommitOptions::default()).await?;
+    let store = AnyStore::open(&url, AnyOptions::default()).await?;
     let counts = Arc::new(Counts::default());
     let mut tasks = Vec::new();
     for caller in 0..callers {

@@ -1,12 +1,16 @@
-//! Opening the ledger named by a database URL, with the defaults an operator expects.
+//! Opening the ledger named by a database URL, with the read models every writer keeps.
 
 use anyhow::Context;
-use opledger_store::{AnyStore, GroupCommitOptions};
+use opledger_store::{AnyOptions, AnyStore};
 
 /// Opens the ledger at `url` (SQLite or PostgreSQL), creating it and applying migrations if
-/// needed.
+/// needed, with opledger's inline read models installed.
 pub(crate) async fn open(url: &str) -> anyhow::Result<AnyStore> {
-    AnyStore::open(url, GroupCommitOptions::default())
+    let options = AnyOptions {
+        inline: opledger_projections::inline(),
+        ..AnyOptions::default()
+    };
+    AnyStore::open(url, options)
         .await
         .with_context(|| format!("cannot open the ledger at {}", redact(url)))
 }

@@ -1,34 +1,38 @@
 //! The `opledger` command line: operators' and developers' entry point to a ledger.
 //!
-//! Only this crate reads the environment and the command line; it builds plain option structs
-//! and hands them to the library crates. Errors are printed as one line on stderr with a non-zero
-//! exit code: 1 for a failure at run time, 2 for a usage error.
+//! Only this crate reads the environment, files and the command line; it builds the validated
+//! configuration once and hands it to the library crates. Errors are printed as one line on
+//! stderr with a non-zero exit code: 2 for a bad configuration or usage, 1 for anything else.
 
 mod cmd;
 mod database;
 mod output;
+mod settings;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-/// The default ledger: a SQLite file in the current directory, created if missing.
-pub const DEFAULT_DATABASE_URL: &str = "sqlite://opledger.db";
 
 /// opledger: an event-sourced operation ledger that makes every Telegram update produce each
 /// business side effect at most once, and proves it afterwards.
 #[derive(Debug, Parser)]
 #[command(name = "opledger", version, propagate_version = true)]
 pub(crate) struct Cli {
-    /// The ledger: sqlite://PATH (created if missing) or postgres://USER@HOST/DB.
+    /// The configuration file (TOML, see opledger.example.toml). Without one: a SQLite ledger
+    /// at opledger.db, listening on 127.0.0.1:8080, no bots.
+    #[arg(long, global = true, env = "OPLEDGER_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// The ledger, overriding the configuration's [storage] url: sqlite://PATH (created if
+    /// missing) or postgres://USER@HOST/DB.
     #[arg(
         long,
         global = true,
         env = "OPLEDGER_DATABASE_URL",
-        default_value = DEFAULT_DATABASE_URL,
         hide_env_values = true
     )]
-    database_url: String,
+    database_url: Option<String>,
 
     #[command(subcommand)]
     command: Command,
@@ -36,12 +40,19 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Run the service: Telegram webhooks and long polling, recorded before they are answered.
+    Serve,
     /// Create the ledger if needed and apply pending schema migrations.
     Migrate,
     /// Print events in global order, or one stream's events.
     Events(cmd::events::Events),
     /// List streams with their current versions.
     Streams(cmd::streams::Streams),
+    /// List operations and their states.
+    Ops(cmd::ops::Ops),
+    /// Set up or inspect a bot's webhook with Telegram.
+    #[command(subcommand)]
+    Webhook(cmd::webhook::Webhook),
 }
 
 /// Parses the command line, runs the command and maps the outcome to an exit code.
@@ -64,10 +75,15 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = settings::load(cli.config.as_deref())?;
+    let url = settings::database_url(cli.database_url.as_deref(), &config);
     match cli.command {
-        Command::Migrate => cmd::migrate::run(&cli.database_url).await,
-        Command::Events(events) => events.run(&cli.database_url).await,
-        Command::Streams(streams) => streams.run(&cli.database_url).await,
+        Command::Serve => cmd::serve::run(config, &url).await,
+        Command::Migrate => cmd::migrate::run(&url).await,
+        Command::Events(events) => events.run(&url).await,
+        Command::Streams(streams) => streams.run(&url).await,
+        Command::Ops(ops) => ops.run(&url).await,
+        Command::Webhook(webhook) => webhook.run(&config).await,
     }
 }
 
@@ -82,7 +98,7 @@ fn init_tracing() {
 }
 
 /// Prints an error and its causes as one line. A cause whose text the previous message already
-/// contains is not repeated.
+/// contains is not repeated. A bad configuration exits with 2, anything else with 1.
 fn report(error: &anyhow::Error) -> ExitCode {
     let mut line = String::new();
     for cause in error.chain() {
@@ -95,5 +111,9 @@ fn report(error: &anyhow::Error) -> ExitCode {
         }
     }
     eprintln!("error: {line}");
-    ExitCode::FAILURE
+    if error.chain().any(|cause| cause.is::<settings::BadConfig>()) {
+        ExitCode::from(2)
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -1,0 +1,70 @@
+//! `opledger serve`: the service. Webhook intake and long polling, recorded before answered;
+//! SIGINT or SIGTERM stops it gracefully.
+
+use anyhow::Context;
+use opledger_config::{BotMode, Config};
+use opledger_server::App;
+
+use crate::database;
+
+pub(crate) async fn run(config: Config, url: &str) -> anyhow::Result<()> {
+    let store = database::open(url).await?;
+    let app = App::build(&config, store);
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {}; is another process using it? set [server] listen",
+                config.server.listen
+            )
+        })?;
+    let address = listener
+        .local_addr()
+        .context("cannot read the listening address")?;
+    // One line on stdout says where the service is (with port 0, which port it got).
+    println!(
+        "opledger is serving on http://{address} with the ledger {}",
+        database::redact(url)
+    );
+    if config.bots.is_empty() {
+        println!(
+            "no bot is configured yet: add a [[bots]] section to a configuration file (see \
+             opledger.example.toml and docs/config.md) and pass it with --config"
+        );
+    }
+    for bot in &config.bots {
+        match bot.mode {
+            BotMode::Webhook => println!(
+                "bot {}: webhook at http://{address}/telegram/{}/webhook",
+                bot.name, bot.name
+            ),
+            BotMode::Poll => println!("bot {}: long polling {}", bot.name, bot.api_base_url),
+        }
+    }
+    app.run(listener, shutdown_signal())
+        .await
+        .context("the service stopped with an error")?;
+    println!("opledger stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

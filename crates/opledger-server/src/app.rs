@@ -1,0 +1,220 @@
+//! The service: one axum router for webhook intake and health, long-polling loops for bots in
+//! poll mode, and the shutdown protocol. Built once from configuration and a store by
+//! [`App::build`], the entry point of `main` and of the black-box tests alike.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::MatchedPath;
+use axum::http::{Request, StatusCode};
+use axum::routing::{get, post};
+use opledger_config::{ActionConfig, BotMode, Config};
+use opledger_store::AnyStore;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::clock::{Clock, SystemClock};
+use crate::intake::{Intake, Recorded};
+use crate::poll;
+use crate::replies::{self, Answer};
+use crate::webhook::{self, WebhookSecret};
+
+/// Counts the service keeps for operators (exported as metrics by the read-side issue).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub rejected_secrets: AtomicU64,
+    pub accepted: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub collisions: AtomicU64,
+    pub quarantined: AtomicU64,
+}
+
+/// What every request handler and poller shares.
+#[derive(Debug)]
+pub struct AppState {
+    pub(crate) intake: Intake,
+    pub(crate) webhooks: HashMap<String, WebhookSecret>,
+    pub(crate) body_limit: usize,
+    pub(crate) shutting_down: AtomicBool,
+    pub(crate) counters: Counters,
+    actions: HashMap<String, Vec<Arc<ActionConfig>>>,
+}
+
+impl AppState {
+    pub(crate) fn count(&self, recorded: &Recorded) {
+        let counter = match recorded {
+            Recorded::Accepted { .. } => &self.counters.accepted,
+            Recorded::Duplicate { .. } => &self.counters.duplicates,
+            Recorded::Collision { .. } => &self.counters.collisions,
+            Recorded::Quarantined { .. } => &self.counters.quarantined,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The pure answer an update deserves, if any; a read-model failure only loses the answer.
+    pub(crate) async fn answer(&self, bot: &str, recorded: &Recorded) -> Option<Answer> {
+        let actions: Vec<&ActionConfig> = self
+            .actions
+            .get(bot)
+            .map(|actions| actions.iter().map(AsRef::as_ref).collect())
+            .unwrap_or_default();
+        match replies::answer(self.intake.store(), bot, &actions, recorded).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                tracing::warn!(bot, %error, "could not read the answer to an update");
+                None
+            }
+        }
+    }
+}
+
+/// The Telegram update kinds opledger asks for: commands arrive in messages, button clicks in
+/// callback queries.
+pub fn allowed_updates() -> Vec<String> {
+    vec!["message".to_owned(), "callback_query".to_owned()]
+}
+
+/// A built service, ready to run.
+#[derive(Debug)]
+pub struct App {
+    state: Arc<AppState>,
+    config: Config,
+}
+
+impl App {
+    /// Builds the service on `store` with the system clock.
+    pub fn build(config: &Config, store: AnyStore) -> Self {
+        Self::build_with_clock(config, store, Arc::new(SystemClock))
+    }
+
+    /// Builds the service with a given clock (tests move time across retention windows).
+    pub fn build_with_clock(config: &Config, store: AnyStore, clock: Arc<dyn Clock>) -> Self {
+        let webhooks = config
+            .bots
+            .iter()
+            .filter(|bot| bot.mode == BotMode::Webhook)
+            .filter_map(|bot| {
+                let secret = bot.webhook_secret.as_ref()?;
+                Some((bot.name.clone(), WebhookSecret::new(secret)))
+            })
+            .collect();
+        let mut actions: HashMap<String, Vec<Arc<ActionConfig>>> = HashMap::new();
+        for action in &config.actions {
+            actions
+                .entry(action.bot.clone())
+                .or_default()
+                .push(Arc::new(action.clone()));
+        }
+        let state = AppState {
+            intake: Intake::new(config, store, clock),
+            webhooks,
+            body_limit: config.server.body_limit_bytes,
+            shutting_down: AtomicBool::new(false),
+            counters: Counters::default(),
+            actions,
+        };
+        Self {
+            state: Arc::new(state),
+            config: config.clone(),
+        }
+    }
+
+    /// The intake, for library users (issuing button tokens) and tests.
+    pub fn intake(&self) -> &Intake {
+        &self.state.intake
+    }
+
+    /// The counters the service keeps.
+    pub fn counters(&self) -> &Counters {
+        &self.state.counters
+    }
+
+    /// The HTTP routes with their layers: a request id on every request and response, a trace
+    /// span that records the method, the route and the id (never headers or bodies), and a
+    /// timeout answered with 503 so that Telegram retries.
+    pub fn router(&self) -> Router {
+        let timeout = self.config.server.request_timeout;
+        Router::new()
+            .route("/telegram/{bot}/webhook", post(webhook::receive))
+            .route("/healthz", get(|| async { "ok" }))
+            .with_state(self.state.clone())
+            .layer(TimeoutLayer::with_status_code(
+                StatusCode::SERVICE_UNAVAILABLE,
+                timeout,
+            ))
+            .layer(
+                TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+                    let route = request
+                        .extensions()
+                        .get::<MatchedPath>()
+                        .map_or("unmatched", MatchedPath::as_str);
+                    let id = request
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-");
+                    tracing::info_span!("request", method = %request.method(), route, id)
+                }),
+            )
+            .layer(PropagateRequestIdLayer::x_request_id())
+            .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+    }
+
+    /// Serves on `listener` and polls the bots in poll mode until `shutdown` resolves; then
+    /// stops accepting, answers 503 to requests that still arrive, lets in-flight requests and
+    /// polling batches finish (up to the configured grace), confirms the last polled batch and
+    /// closes the store, so every acknowledged update is committed.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let grace = self.config.server.shutdown_grace;
+        let (stop, stopped) = watch::channel(false);
+        let mut pollers = Vec::new();
+        for bot in self.config.bots.iter().filter(|b| b.mode == BotMode::Poll) {
+            match poll::Poller::new(bot, self.state.clone()) {
+                Ok(poller) => pollers.push(tokio::spawn(poller.run(stopped.clone()))),
+                Err(error) => tracing::error!(bot = %bot.name, %error, "cannot poll this bot"),
+            }
+        }
+        let signalled = Arc::new(Notify::new());
+        let state = self.state.clone();
+        let on_signal = {
+            let signalled = signalled.clone();
+            async move {
+                shutdown.await;
+                tracing::info!("shutting down: no new requests, finishing in-flight work");
+                state.shutting_down.store(true, Ordering::SeqCst);
+                let _ = stop.send(true);
+                signalled.notify_one();
+            }
+        };
+        let server = axum::serve(listener, self.router()).with_graceful_shutdown(on_signal);
+        let grace_expired = async {
+            signalled.notified().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            result = server => result?,
+            () = grace_expired => tracing::warn!(?grace, "in-flight requests outlived the grace period"),
+        }
+        for poller in pollers {
+            if tokio::time::timeout(grace.max(Duration::from_secs(1)), poller)
+                .await
+                .is_err()
+            {
+                tracing::warn!("a poller outlived the grace period");
+            }
+        }
+        self.state.intake.store().close().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,27 @@
+//! opledger's service: Telegram intake (webhook and long polling) that records every update
+//! durably and deduplicated before acknowledging it.
+//!
+//! - [`intake`]: the intake transaction, one atomic multi-stream append per update.
+//! - [`app`]: [`App::build`] (config and store in, router and pollers out) and [`App::run`]
+//!   (serve until shutdown, then finish in-flight work and close the store).
+//! - `webhook`: the answer table of `POST /telegram/{bot}/webhook`; `poll`: `getUpdates` loops.
+//! - [`replies`]: pure answers (`/help`, `/status`, usage) computed from configuration and read
+//!   models.
+//!
+//! Architecture invariant: the service acknowledges an update (2xx, or the next `getUpdates`
+//! offset) only after its events are committed, and never calls an external service from the
+//! intake path.
+
+pub mod app;
+pub mod clock;
+pub mod intake;
+mod ledger;
+mod poll;
+pub mod replies;
+mod webhook;
+
+pub use app::{App, Counters, allowed_updates};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use intake::{Intake, IntakeError, Recorded, Route};
+pub use ledger::LedgerError;
+pub use webhook::SECRET_HEADER;

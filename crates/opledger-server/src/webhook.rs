@@ -1,0 +1,113 @@
+//! `POST /telegram/{bot}/webhook`: Telegram's deliveries, answered by the table of DESIGN §6.
+//!
+//! | situation | answer |
+//! |---|---|
+//! | secret header missing or wrong (constant-time compare) | 401, nothing stored |
+//! | body over the limit | 413, nothing stored |
+//! | right secret, not an update (not JSON, no integer `update_id`) | 200, quarantine record |
+//! | new update (any kind, known or not) | 200 after the commit |
+//! | same update again / same id, other body, within retention | 200, noted |
+//! | storage failure, timeout, shutting down | 503, nothing half written |
+//!
+//! Never 410: answering 410 long enough makes Telegram delete the webhook. A 2xx answer may carry
+//! a `sendMessage` for pure answers (`/help`, `/status`); nothing that must be known to have
+//! happened is sent that way.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use secrecy::ExposeSecret;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::app::AppState;
+
+/// The header Telegram puts the webhook secret in.
+pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+
+/// A bot's webhook secret, kept as a digest so that comparing takes the same time whatever the
+/// candidate's length and content.
+#[derive(Clone)]
+pub(crate) struct WebhookSecret {
+    digest: [u8; 32],
+}
+
+impl WebhookSecret {
+    pub(crate) fn new(secret: &secrecy::SecretString) -> Self {
+        Self {
+            digest: Sha256::digest(secret.expose_secret().as_bytes()).into(),
+        }
+    }
+
+    /// Whether the request carries the secret.
+    fn admits(&self, headers: &HeaderMap) -> bool {
+        let Some(candidate) = headers.get(SECRET_HEADER) else {
+            return false;
+        };
+        let candidate: [u8; 32] = Sha256::digest(candidate.as_bytes()).into();
+        candidate.ct_eq(&self.digest).into()
+    }
+}
+
+impl std::fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WebhookSecret(..)")
+    }
+}
+
+/// Receives one delivery.
+pub(crate) async fn receive(
+    State(state): State<Arc<AppState>>,
+    Path(bot): Path<String>,
+    request: Request,
+) -> Response {
+    if state.shutting_down.load(Ordering::SeqCst) {
+        return unavailable();
+    }
+    let Some(secret) = state.webhooks.get(&bot) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if !secret.admits(request.headers()) {
+        state
+            .counters
+            .rejected_secrets
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(bot, "webhook request without the right secret refused");
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let body = match axum::body::to_bytes(request.into_body(), state.body_limit).await {
+        Ok(body) => body,
+        Err(_) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+    };
+    let recorded = match state.intake.record(&bot, &body).await {
+        Ok(recorded) => recorded,
+        Err(error) => {
+            if error.is_storage() {
+                tracing::warn!(bot, %error, "update not recorded; answering 503 so Telegram retries");
+            } else {
+                tracing::error!(bot, %error, "update not recorded; answering 503 so Telegram retries");
+            }
+            return unavailable();
+        }
+    };
+    state.count(&recorded);
+    // Pure answers ride on the response; if reading them fails, the update is recorded anyway.
+    match state.answer(&bot, &recorded).await {
+        Some(answer) => Json(serde_json::json!({
+            "method": "sendMessage",
+            "chat_id": answer.chat_id,
+            "text": answer.text,
+        }))
+        .into_response(),
+        None => StatusCode::OK.into_response(),
+    }
+}
+
+fn unavailable() -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, Body::empty()).into_response()
+}
