@@ -482,6 +482,7 @@ impl PgWriter {
 
 impl BatchWriter for PgWriter {
     async fn write(&mut self, calls: &[Vec<AppendRequest>]) -> Result<BatchOutcome, StoreError> {
+        let reused = self.connection.is_some();
         let connection = match &mut self.connection {
             Some(connection) => connection,
             None => {
@@ -493,9 +494,23 @@ impl BatchWriter for PgWriter {
                 self.connection.insert(connection)
             }
         };
-        match write_batch(connection, &self.begin, &self.inline, calls).await {
+        let mut result = write_batch(connection, &self.begin, &self.inline, calls).await;
+        // A connection that sat idle may have died meanwhile (a restarted server, a proxy's
+        // timeout): then the batch failed at its first statement, before anything was sent that
+        // could take effect. It is worth one more try on a new connection.
+        if reused && matches!(&result, Err(BatchError::NotStarted(_))) {
+            self.connection = None;
+            let connection = self
+                .connect
+                .connect()
+                .await
+                .map_err(|e| classify("reconnecting the writer", e))?;
+            let connection = self.connection.insert(connection);
+            result = write_batch(connection, &self.begin, &self.inline, calls).await;
+        }
+        match result {
             Ok(outcome) => Ok(outcome),
-            Err(BatchError::Failed(error)) => {
+            Err(BatchError::Failed(error) | BatchError::NotStarted(error)) => {
                 self.connection = None;
                 Err(error)
             }
@@ -582,7 +597,7 @@ async fn write_batch(
         sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
             .execute(&mut *connection)
             .await
-            .map_err(|e| classify("starting an append", e))?;
+            .map_err(|e| BatchError::NotStarted(classify("starting an append", e)))?;
         let rows = sqlx::query(LOCK)
             .bind(&ids)
             .fetch_all(&mut *connection)
@@ -702,8 +717,10 @@ struct Contended {
     attempts: usize,
 }
 
-/// How a batch failed: before its commit (nothing written), or while committing (unknown).
+/// How a batch failed: at its very first statement (nothing sent that could take effect),
+/// before its commit (nothing written), or while committing (unknown).
 enum BatchError {
+    NotStarted(StoreError),
     Failed(StoreError),
     CommitUnknown {
         error: StoreError,

@@ -81,6 +81,13 @@ pub struct SqliteStore {
 struct Inner {
     readers: SqlitePool,
     appender: Appender,
+    checkpointer: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.checkpointer.abort();
+    }
 }
 
 impl SqliteStore {
@@ -110,15 +117,21 @@ impl SqliteStore {
             )
             .await
             .map_err(open_error)?;
+        let checkpointer = tokio::spawn(checkpoint(connect.clone()));
         let writer = SqliteWriter {
-            connect,
+            // The writer never checkpoints in its commits: the checkpointer does, beside it.
+            connect: connect.pragma("wal_autocheckpoint", "0"),
             connection: Some(writer),
             inline: options.inline,
         };
         let (head, _) = tokio::sync::watch::channel(head.position);
         let appender = Appender::spawn(writer, head, options.group_commit);
         Ok(Self {
-            inner: Arc::new(Inner { readers, appender }),
+            inner: Arc::new(Inner {
+                readers,
+                appender,
+                checkpointer,
+            }),
         })
     }
 
@@ -126,12 +139,38 @@ impl SqliteStore {
     /// with [`StoreError::Closed`].
     pub async fn close(&self) {
         self.inner.appender.close().await;
+        self.inner.checkpointer.abort();
         self.inner.readers.close().await;
     }
 
     /// The read pool (`query_only` connections), for read models that live in the same file.
     pub fn reader(&self) -> &SqlitePool {
         &self.inner.readers
+    }
+}
+
+/// How often the checkpointer copies committed WAL frames into the database file.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Checkpoints the WAL on its own connection, so that no append waits for a checkpoint: with
+/// SQLite's automatic checkpoints, the commit that crosses the threshold copies every page back
+/// and syncs the database file before it returns, a stall of many milliseconds. A `PASSIVE`
+/// checkpoint never blocks writers or readers; the writer restarts the WAL from its beginning once
+/// it is fully checkpointed.
+async fn checkpoint(connect: SqliteConnectOptions) {
+    let mut connection = None;
+    loop {
+        tokio::time::sleep(CHECKPOINT_INTERVAL).await;
+        if connection.is_none() {
+            connection = connect.connect().await.ok();
+        }
+        let Some(open) = connection.as_mut() else {
+            continue;
+        };
+        if let Err(error) = open.execute("PRAGMA wal_checkpoint(PASSIVE)").await {
+            tracing::debug!(%error, "WAL checkpoint failed; reconnecting");
+            connection = None;
+        }
     }
 }
 
