@@ -26,4 +26,3 @@ CREATE TABLE IF NOT EXISTS operation_status (
 CREATE INDEX IF NOT EXISTS operation_status_due ON operation_status (due_at)
     WHERE due_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS operation_status_by_user ON operation_status (bot, user_id, updated_at);
-CREATE INDEX IF NOT EXISTS operation_status_by_status ON operation_status (status, updated_at);

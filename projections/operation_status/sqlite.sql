@@ -2,7 +2,7 @@
 -- stream. Disposable: it can be dropped and rebuilt from the ledger. Times are microseconds since
 -- the Unix epoch (UTC), like the ledger's.
 CREATE TABLE IF NOT EXISTS operation_status (
-    operation_id  TEXT    PRIMARY KEY,
+    operation_id  TEXT    NOT NULL UNIQUE,
     stream_id     TEXT    NOT NULL UNIQUE,
     action        TEXT    NOT NULL,
     business_key  TEXT    NOT NULL,
@@ -23,8 +23,7 @@ CREATE TABLE IF NOT EXISTS operation_status (
     updated_at    INTEGER NOT NULL,
     version       INTEGER NOT NULL,
     last_position INTEGER NOT NULL
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS operation_status_due ON operation_status (due_at)
     WHERE due_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS operation_status_by_user ON operation_status (bot, user_id, updated_at);
-CREATE INDEX IF NOT EXISTS operation_status_by_status ON operation_status (status, updated_at);
