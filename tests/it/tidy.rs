@@ -65,3 +65,70 @@ fn no_ignored_tests() {
         .collect();
     assert!(offenders.is_empty(), "ignored tests in: {offenders:#?}");
 }
+
+/// The domain crate is pure: no I/O, no async, no clock, no randomness, no database. (Its
+/// dependencies are checked by its Cargo.toml: chrono without `clock`, no tokio, no sqlx; this
+/// catches what a dependency could still offer.)
+#[test]
+fn the_domain_crate_does_no_io_and_reads_no_clock() {
+    let mut files = Vec::new();
+    rust_files(
+        &workspace_root().join("crates/opledger-domain/src"),
+        &mut files,
+    );
+    assert!(!files.is_empty());
+    let forbidden = [
+        "std::fs",
+        "std::net",
+        "std::io::",
+        "std::env",
+        "std::thread",
+        "std::process",
+        "SystemTime",
+        "Instant::now",
+        "Utc::now",
+        "Local::now",
+        "async fn",
+        ".await",
+        "tokio",
+        "sqlx",
+        "rand::",
+        "getrandom",
+        "Uuid::new_v4",
+    ];
+    let mut offenders = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Code only: documentation may say what the crate does not do.
+        let code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
+        for (line, needle) in code.flat_map(|l| forbidden.iter().map(move |n| (l, *n))) {
+            if line.contains(needle) {
+                offenders.push(format!("{}: {needle}", path.display()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "impure code in the domain crate: {offenders:#?}"
+    );
+}
+
+/// Only the store and projection crates speak SQL (the tests may, to check from outside).
+#[test]
+fn only_the_store_and_projections_contain_sql() {
+    let root = workspace_root();
+    let mut offenders = Vec::new();
+    for krate in [
+        "opledger-domain",
+        "opledger-telegram",
+        "opledger-config",
+        "opledger-server",
+    ] {
+        let manifest =
+            std::fs::read_to_string(root.join("crates").join(krate).join("Cargo.toml")).unwrap();
+        if manifest.lines().any(|l| l.trim_start().starts_with("sqlx")) {
+            offenders.push(format!("{krate} depends on sqlx"));
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:#?}");
+}

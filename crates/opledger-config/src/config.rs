@@ -581,8 +581,9 @@ pub struct ActionConfig {
     pub params: Vec<String>,
     /// The business key: requests with the same key are one operation.
     pub key: KeyTemplate,
-    /// The window in which the same user's same command is refused as a repeat; `None` (the
-    /// default, `repeat_window_secs = 0`) means no repeat guard.
+    /// The sliding window in which the same user's same command joins the operation it started;
+    /// after it, the command starts a new operation. `None` (the default,
+    /// `repeat_window_secs = 0`) means no repeat guard: one key, one operation, forever.
     pub repeat_window: Option<Duration>,
     /// The external call; `None` means the action calls nothing out.
     pub effector: Option<EffectorConfig>,

@@ -68,9 +68,12 @@ fn example_file_parses_with_its_variables_set() {
         Some(WEBHOOK_SECRET)
     );
     assert_eq!(bot.api_base_url, "https://api.telegram.org");
-    assert_eq!(config.actions.len(), 2);
+    assert_eq!(config.actions.len(), 3);
     let coupon = config.action_for_command("shop", "coupon").unwrap();
-    assert_eq!(coupon.repeat_window, Some(Duration::from_secs(30)));
+    assert_eq!(coupon.repeat_window, None);
+    let callme = config.action_for_command("shop", "callme").unwrap();
+    assert_eq!(callme.repeat_window, Some(Duration::from_secs(600)));
+    assert!(callme.params.is_empty());
     let effector = coupon.effector.as_ref().unwrap();
     assert_eq!(
         effector

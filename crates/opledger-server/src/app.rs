@@ -218,3 +218,47 @@ impl App {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    /// Requests that reach the handler once shutdown began are answered 503, whatever they are.
+    #[tokio::test]
+    async fn requests_during_shutdown_are_answered_503() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let store = AnyStore::open(&url, opledger_store::AnyOptions::default())
+            .await
+            .unwrap();
+        let env = |name: &str| match name {
+            "T" => Some("1:token".to_owned()),
+            "S" => Some("secret".to_owned()),
+            _ => None,
+        };
+        let config = Config::parse(
+            "[[bots]]\nname = \"shop\"\ntoken_env = \"T\"\nwebhook_secret_env = \"S\"\n",
+            &env,
+        )
+        .unwrap();
+        let app = App::build(&config, store.clone());
+        app.state.shutting_down.store(true, Ordering::SeqCst);
+        let request = axum::http::Request::post("/telegram/shop/webhook")
+            .header(crate::SECRET_HEADER, "secret")
+            .body(Body::from(r#"{"update_id": 1}"#))
+            .unwrap();
+        let response = app.router().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            opledger_store::EventStore::head(&store)
+                .await
+                .unwrap()
+                .position,
+            0,
+            "nothing was recorded"
+        );
+        store.close().await;
+    }
+}

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use chrono::{DateTime, TimeDelta, Utc};
 use opledger_config::{ActionConfig, BotConfig, Config};
 use opledger_domain::callback_token::{
-    self, CallbackToken, CallbackTokenCommand, CallbackTokenEvent, TokenIssued,
+    self, CallbackToken, CallbackTokenCommand, CallbackTokenEvent, TokenIssued, TokenRejection,
 };
 use opledger_domain::delivery::{self, Delivery, DeliveryCommand, DeliveryEvent};
 use opledger_domain::operation::{self, OperationCommand, OperationEvent, Received};
@@ -114,6 +114,17 @@ impl IntakeError {
             IntakeError::Ledger(LedgerError::Store(_)) | IntakeError::Contended
         )
     }
+}
+
+/// What every routing step of one attempt shares.
+#[derive(Clone, Copy)]
+struct Context<'a> {
+    bot: &'a str,
+    update: &'a Update,
+    now: DateTime<Utc>,
+    metadata: &'a EventMetadata,
+    /// Whether to assume that the streams the update touches do not exist yet (first attempt).
+    fresh: bool,
 }
 
 /// One bot's routing table.
@@ -231,7 +242,17 @@ impl Intake {
                 }
                 _ => {}
             }
-            let (mut requests, route) = self.route(bot, routes, &update, now, &metadata).await?;
+            // The first attempt also assumes the update asks for something new: every stream it
+            // would create is appended at `NoStream`, so a wrong guess fails atomically and the
+            // next attempt reads what exists. A new request thus costs no read at all.
+            let context = Context {
+                bot,
+                update: &update,
+                now,
+                metadata: &metadata,
+                fresh: attempt == 0,
+            };
+            let (mut requests, route) = self.route(&context, routes).await?;
             let events = delivery::decide(
                 &delivery,
                 &record_command(
@@ -304,12 +325,10 @@ impl Intake {
     /// Decides where an update goes and what it appends besides its delivery.
     async fn route(
         &self,
-        bot: &str,
+        context: &Context<'_>,
         routes: &BotRoutes,
-        update: &Update,
-        now: DateTime<Utc>,
-        metadata: &EventMetadata,
     ) -> Result<(Vec<AppendRequest>, Route), IntakeError> {
+        let update = context.update;
         if let Some(command) = &update.text_command {
             match command.name.as_str() {
                 "help" | "start" => return Ok((Vec::new(), Route::Help)),
@@ -326,32 +345,34 @@ impl Intake {
                         let Some(params) = bind_params(&action.params, &command.args) else {
                             return Ok((Vec::new(), Route::usage(action)));
                         };
-                        let guard = Some(command);
                         return self
-                            .route_action(bot, action, params, update, guard, now, metadata)
+                            .route_action(context, action, params, Some(command))
                             .await;
                     }
                 }
             }
         }
         if let Some(callback) = &update.callback {
-            return self.route_click(bot, callback, update, now, metadata).await;
+            return self.route_click(context, callback).await;
         }
         Ok((Vec::new(), Route::Nothing))
     }
 
     /// Starts or joins the operation an action's parameters name.
-    #[allow(clippy::too_many_arguments)]
     async fn route_action(
         &self,
-        bot: &str,
+        context: &Context<'_>,
         action: &ActionConfig,
         params: BTreeMap<String, String>,
-        update: &Update,
         command: Option<&Command>,
-        now: DateTime<Utc>,
-        metadata: &EventMetadata,
     ) -> Result<(Vec<AppendRequest>, Route), IntakeError> {
+        let Context {
+            bot,
+            update,
+            now,
+            metadata,
+            fresh,
+        } = *context;
         let lookup = |name: &str| -> Option<String> {
             match name {
                 "user_id" => update.user_id.map(|v| v.to_string()),
@@ -373,7 +394,11 @@ impl Intake {
                 update.user_id,
                 &command.normalized(),
             )?)?;
-            let guard = load::<RepeatGuard>(&self.store, &stream).await?;
+            let guard = if fresh {
+                RepeatGuard::default()
+            } else {
+                load::<RepeatGuard>(&self.store, &stream).await?
+            };
             let seen = repeat_guard::decide(
                 &guard,
                 &RepeatGuardCommand::See {
@@ -395,7 +420,11 @@ impl Intake {
 
         let stream = StreamId::new(operation_stream(&action.name, &key)?)?;
         let operation_id = OperationId::new(&action.name, &key);
-        let state = load::<Operation>(&self.store, &stream).await?;
+        let state = if fresh {
+            Operation::default()
+        } else {
+            load::<Operation>(&self.store, &stream).await?
+        };
         let received = Received {
             operation_id,
             action: action.name.clone(),
@@ -442,16 +471,23 @@ impl Intake {
     /// Consumes a button's token; an accepted click starts the token's action.
     async fn route_click(
         &self,
-        bot: &str,
+        context: &Context<'_>,
         callback: &CallbackQuery,
-        update: &Update,
-        now: DateTime<Utc>,
-        metadata: &EventMetadata,
     ) -> Result<(Vec<AppendRequest>, Route), IntakeError> {
+        let Context {
+            update,
+            now,
+            metadata,
+            ..
+        } = *context;
         let Some(data) = callback.data.as_deref() else {
             return Ok((Vec::new(), Route::Nothing));
         };
-        // Only our own tokens name a stream; any other callback data is not ours to judge.
+        // Only our own tokens (minted with the token prefix) name a stream; any other callback
+        // data belongs to the bot's own buttons and is not ours to judge.
+        if !data.starts_with(callback_token::TOKEN_PREFIX) {
+            return Ok((Vec::new(), Route::Nothing));
+        }
         let Ok(stream) = callback_stream(data) else {
             return Ok((Vec::new(), Route::Nothing));
         };
@@ -478,7 +514,19 @@ impl Intake {
             now,
         )
         .map_err(|e| IntakeError::Refused(e.to_string()))?;
-        let click = request(stream, expected(token.version), &events, metadata)?;
+        // A refusal no later event can undo (the token is used up, is another user's, or has
+        // expired) is a note, like a duplicate delivery: appended at any version, so that clicks
+        // refused at once do not race each other into 503s. A consume, and a refusal of a token
+        // not issued (yet), depend on the version read.
+        let version = match events.first() {
+            Some(CallbackTokenEvent::TokenRejected(rejected))
+                if rejected.reason != TokenRejection::NotIssued =>
+            {
+                ExpectedVersion::Any
+            }
+            _ => expected(token.version),
+        };
+        let click = request(stream, version, &events, metadata)?;
         match events.first() {
             Some(CallbackTokenEvent::TokenConsumed(_)) => {
                 let issued = history.iter().find_map(|e| match e {
@@ -490,15 +538,7 @@ impl Intake {
                     return Ok((vec![click], Route::Nothing));
                 };
                 let (mut requests, route) = self
-                    .route_action(
-                        bot,
-                        action,
-                        issued.payload.clone(),
-                        update,
-                        None,
-                        now,
-                        metadata,
-                    )
+                    .route_action(context, action, issued.payload.clone(), None)
                     .await?;
                 requests.insert(0, click);
                 Ok((requests, route))

@@ -11,7 +11,9 @@
 )]
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -47,6 +49,14 @@ pub(crate) struct FakeWebhook {
     pub(crate) max_connections: Option<u64>,
 }
 
+/// Called with the offset of every `getUpdates` that carries one, before the fake applies it
+/// (forgets the updates below it) and answers: the moment Telegram would learn that those
+/// updates are confirmed. The call waits for the returned future, so a test can look at the
+/// world at that moment, or hold the call forever (a process that dies before its
+/// confirmation arrives).
+pub(crate) type OffsetHook =
+    Arc<dyn Fn(i64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// A running fake Bot API for one bot token. The server stops when this is dropped.
 #[derive(Debug)]
 pub(crate) struct FakeTelegram {
@@ -55,13 +65,13 @@ pub(crate) struct FakeTelegram {
     server: JoinHandle<()>,
 }
 
-#[derive(Debug)]
 struct Shared {
     token: String,
     state: Mutex<FakeState>,
     /// Woken whenever something a waiting long poll cares about changes: an update was pushed,
     /// a newer poll started, or the mode changed.
     changed: Notify,
+    offset_hook: Mutex<Option<OffsetHook>>,
 }
 
 #[derive(Debug, Default)]
@@ -89,6 +99,7 @@ impl FakeTelegram {
             token: token.to_owned(),
             state: Mutex::new(FakeState::default()),
             changed: Notify::new(),
+            offset_hook: Mutex::new(None),
         });
         let app = Router::new()
             .route("/{bot}/{method}", any(handle))
@@ -172,6 +183,15 @@ impl FakeTelegram {
             .push_back(seconds);
     }
 
+    /// Installs the hook every `getUpdates` with an offset waits for (see [`OffsetHook`]).
+    pub(crate) fn on_offset(&self, hook: OffsetHook) {
+        *self
+            .shared
+            .offset_hook
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(hook);
+    }
+
     /// The webhook set through `setWebhook`, if any.
     pub(crate) fn webhook(&self) -> Option<FakeWebhook> {
         self.shared.lock().webhook.clone()
@@ -181,6 +201,14 @@ impl FakeTelegram {
 impl Drop for FakeTelegram {
     fn drop(&mut self) {
         self.server.abort();
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
     }
 }
 
@@ -261,6 +289,14 @@ async fn get_updates(shared: &Shared, body: &Value) -> Response {
     let timeout = Duration::from_secs(body.get("timeout").and_then(Value::as_u64).unwrap_or(0));
     let deadline = tokio::time::Instant::now() + timeout;
 
+    let hook = shared
+        .offset_hook
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    if let (Some(hook), Some(offset)) = (hook, offset.filter(|o| *o >= 0)) {
+        hook(offset).await;
+    }
     let generation = {
         let mut state = shared.lock();
         if let Some(refusal) = polling_refusal(&state) {

@@ -1,6 +1,8 @@
 //! Shared helpers of the black-box tests: running the real `opledger` binary, and test
 //! databases.
 
+pub(crate) mod app;
+pub(crate) mod fake_telegram;
 pub(crate) mod postgres;
 
 use std::path::{Path, PathBuf};

@@ -7,9 +7,8 @@ use crate::output::{Output, timestamp};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Ops {
-    /// Only operations in this state (received, claimed, call_sent, retry_scheduled,
-    /// needs_reconciliation, confirmed, failed, reconciled).
-    #[arg(long, value_name = "STATE")]
+    /// Only operations in this state.
+    #[arg(long, value_name = "STATE", value_parser = clap::builder::PossibleValuesParser::new(STATES))]
     state: Option<String>,
     /// Only this bot's operations.
     #[arg(long)]
@@ -38,11 +37,6 @@ const STATES: &[&str] = &[
 
 impl Ops {
     pub(crate) async fn run(self, url: &str) -> anyhow::Result<()> {
-        if let Some(state) = &self.state
-            && !STATES.contains(&state.as_str())
-        {
-            anyhow::bail!("unknown state `{state}`; use one of {}", STATES.join(", "));
-        }
         let store = database::open(url).await?;
         let rows = operation_status::list(
             store.reader(),

@@ -22,30 +22,40 @@ pub(crate) async fn run(config: Config, url: &str) -> anyhow::Result<()> {
         .local_addr()
         .context("cannot read the listening address")?;
     // One line on stdout says where the service is (with port 0, which port it got).
-    println!(
+    say(format_args!(
         "opledger is serving on http://{address} with the ledger {}",
         database::redact(url)
-    );
+    ));
     if config.bots.is_empty() {
-        println!(
+        say(format_args!(
             "no bot is configured yet: add a [[bots]] section to a configuration file (see \
              opledger.example.toml and docs/config.md) and pass it with --config"
-        );
+        ));
     }
     for bot in &config.bots {
         match bot.mode {
-            BotMode::Webhook => println!(
+            BotMode::Webhook => say(format_args!(
                 "bot {}: webhook at http://{address}/telegram/{}/webhook",
                 bot.name, bot.name
-            ),
-            BotMode::Poll => println!("bot {}: long polling {}", bot.name, bot.api_base_url),
+            )),
+            BotMode::Poll => say(format_args!(
+                "bot {}: long polling {}",
+                bot.name, bot.api_base_url
+            )),
         }
     }
     app.run(listener, shutdown_signal())
         .await
         .context("the service stopped with an error")?;
-    println!("opledger stopped");
+    say(format_args!("opledger stopped"));
     Ok(())
+}
+
+/// A line on stdout for whoever watches; a reader that went away does not stop the service.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
