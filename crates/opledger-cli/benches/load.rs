@@ -1,0 +1,359 @@
+//! Load benchmark of `opledger serve`: distinct Telegram updates (each a `/coupon` command from
+//! another user, so each starts an operation) POSTed to the real binary's webhook by 64
+//! concurrent senders for 20 s, then paced at a quarter of the rate reached; on SQLite
+//! (`synchronous=FULL`) and on PostgreSQL. The raw one-row-per-transaction SQLite insert rate of
+//! the store benchmark is measured in the same run, for the target ratio. Prints one table.
+//!
+//! `cargo bench -p opledger-cli --bench load`
+//!
+//! Knobs (environment): `OPLEDGER_LOAD_SECONDS` (closed-loop phase, default 20),
+//! `OPLEDGER_LOAD_SENDERS` (default 64), `OPLEDGER_BENCH_PG_URL` (default the local server; a
+//! scratch database is created and dropped), `OPLEDGER_BENCH_BACKENDS` (default
+//! `sqlite,postgres`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection, Executor};
+
+const SECRET: &str = "load-bench-secret";
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A `/coupon spring` command from user `n` (distinct users: distinct business keys).
+fn update(n: u64) -> Vec<u8> {
+    let user = 1_000_000 + n;
+    serde_json::to_vec(&serde_json::json!({
+        "update_id": 100_000_000 + n,
+        "message": {
+            "message_id": n,
+            "date": 1_790_000_000 + n / 1000,
+            "chat": { "id": user, "type": "private" },
+            "from": { "id": user, "is_bot": false, "first_name": "Load" },
+            "text": "/coupon spring",
+            "entities": [{ "type": "bot_command", "offset": 0, "length": 7 }],
+        }
+    }))
+    .expect("JSON")
+}
+
+/// A running `opledger serve` on a port it chose.
+struct Service {
+    child: Child,
+    url: String,
+}
+
+impl Service {
+    fn start(dir: &std::path::Path, storage_url: &str) -> Service {
+        let config = dir.join("opledger.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[storage]\nurl = \"{storage_url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+                 [[bots]]\nname = \"shop\"\ntoken_env = \"LOAD_TOKEN\"\n\
+                 webhook_secret_env = \"LOAD_SECRET\"\n\
+                 [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
+                 params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n"
+            ),
+        )
+        .expect("write the configuration");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .env("LOAD_TOKEN", "1:load")
+            .env("LOAD_SECRET", SECRET)
+            .env("OPLEDGER_LOG", "error")
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start opledger serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let first = BufReader::new(stdout)
+            .lines()
+            .next()
+            .expect("a line")
+            .expect("read");
+        let address = first
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("the serving line names the address")
+            .to_owned();
+        Service {
+            child,
+            url: format!("http://{address}/telegram/shop/webhook"),
+        }
+    }
+
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+struct Measured {
+    label: String,
+    acks_per_second: f64,
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+    errors: u64,
+}
+
+fn summarize(
+    label: String,
+    mut latencies: Vec<Duration>,
+    elapsed: Duration,
+    errors: u64,
+) -> Measured {
+    latencies.sort_unstable();
+    let at = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    Measured {
+        label,
+        acks_per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: at(0.50),
+        p99: at(0.99),
+        max: *latencies.last().expect("some requests"),
+        errors,
+    }
+}
+
+async fn post(client: &reqwest::Client, url: &str, n: u64) -> Result<Duration, ()> {
+    let body = update(n);
+    let started = Instant::now();
+    let response = client
+        .post(url)
+        .header("x-telegram-bot-api-secret-token", SECRET)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|_| ())?;
+    let ok = response.status() == reqwest::StatusCode::OK;
+    let _ = response.bytes().await;
+    ok.then(|| started.elapsed()).ok_or(())
+}
+
+/// `senders` tasks each send the next update as soon as the previous one is acknowledged.
+async fn closed_loop(url: &str, senders: u64, seconds: u64, next: Arc<AtomicU64>) -> Measured {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(senders as usize)
+        .build()
+        .expect("client");
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let errors = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..senders)
+        .map(|_| {
+            let (client, url, next, errors) =
+                (client.clone(), url.to_owned(), next.clone(), errors.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < deadline {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    match post(&client, &url, n).await {
+                        Ok(latency) => latencies.push(latency),
+                        Err(()) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("sender"));
+    }
+    summarize(
+        format!("{senders} concurrent senders, as fast as acknowledged"),
+        latencies,
+        started.elapsed(),
+        errors.load(Ordering::Relaxed),
+    )
+}
+
+/// Updates sent at a fixed `rate`, whatever the answers do (open loop), for `seconds`.
+async fn paced(url: &str, rate: f64, seconds: u64, next: Arc<AtomicU64>) -> Measured {
+    let client = reqwest::Client::builder().build().expect("client");
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let started = Instant::now();
+    let total = (rate * seconds as f64) as u64;
+    let mut tasks = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        let due = started + interval.mul_f64(i as f64);
+        tokio::time::sleep_until(due.into()).await;
+        let (client, url, n) = (
+            client.clone(),
+            url.to_owned(),
+            next.fetch_add(1, Ordering::Relaxed),
+        );
+        tasks.push(tokio::spawn(async move { post(&client, &url, n).await }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        match task.await.expect("request") {
+            Ok(latency) => latencies.push(latency),
+            Err(()) => errors += 1,
+        }
+    }
+    summarize(
+        format!("paced at {rate:.0}/s (a quarter of the closed-loop rate)"),
+        latencies,
+        started.elapsed(),
+        errors,
+    )
+}
+
+/// The foundation benchmark's baseline: one-row INSERT transactions, `synchronous=FULL`.
+async fn raw_sqlite_rate(dir: &std::path::Path, seconds: u64) -> f64 {
+    let mut connection = SqliteConnectOptions::new()
+        .filename(dir.join("raw.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .connect()
+        .await
+        .expect("connect");
+    connection
+        .execute(
+            "CREATE TABLE events (position INTEGER PRIMARY KEY, stream_id TEXT NOT NULL, \
+             version INTEGER NOT NULL, payload BLOB NOT NULL, recorded_at INTEGER NOT NULL, \
+             UNIQUE (stream_id, version))",
+        )
+        .await
+        .expect("create table");
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let mut n: u64 = 0;
+    while Instant::now() < deadline {
+        let mut tx = connection.begin().await.expect("begin");
+        sqlx::query(
+            "INSERT INTO events (stream_id, version, payload, recorded_at) VALUES (?, 1, ?, 0)",
+        )
+        .bind(format!("update-shop-{}", 100_000_000 + n))
+        .bind(update(n))
+        .execute(&mut *tx)
+        .await
+        .expect("insert");
+        tx.commit().await.expect("commit");
+        n += 1;
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn run_backend(name: &str, storage_url: &str, dir: &std::path::Path) -> (Measured, Measured) {
+    let seconds = env_number("OPLEDGER_LOAD_SECONDS", 20);
+    let senders = env_number("OPLEDGER_LOAD_SENDERS", 64);
+    let service = Service::start(dir, storage_url);
+    let next = Arc::new(AtomicU64::new(0));
+    eprintln!("{name}: {senders} senders for {seconds} s...");
+    let full = closed_loop(&service.url, senders, seconds, next.clone()).await;
+    let quarter = full.acks_per_second / 4.0;
+    eprintln!("{name}: paced at {quarter:.0}/s...");
+    let paced = paced(&service.url, quarter, seconds.clamp(3, 10), next).await;
+    service.stop();
+    (full, paced)
+}
+
+fn row(backend: &str, m: &Measured, baseline: Option<f64>) {
+    let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
+    println!(
+        "| {backend} | {} | {:.0} | {} | {} | {} | {} | {} |",
+        m.label,
+        m.acks_per_second,
+        ms(m.p50),
+        ms(m.p99),
+        ms(m.max),
+        m.errors,
+        baseline.map_or_else(String::new, |b| format!("{:.2}x", m.acks_per_second / b)),
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("run with `cargo bench -p opledger-cli --bench load`");
+        return;
+    }
+    let backends = std::env::var("OPLEDGER_BENCH_BACKENDS").unwrap_or("sqlite,postgres".into());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let raw = raw_sqlite_rate(dir.path(), 5).await;
+    let mut results = Vec::new();
+    if backends.contains("sqlite") {
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        results.push(("SQLite", run_backend("SQLite", &url, dir.path()).await));
+    }
+    if backends.contains("postgres") {
+        let admin = std::env::var("OPLEDGER_BENCH_PG_URL")
+            .unwrap_or("postgres://postgres@127.0.0.1:5432/postgres".into());
+        let name = format!("opledger_load_{}", std::process::id());
+        match sqlx::postgres::PgConnection::connect(&admin).await {
+            Ok(mut connection) => {
+                connection
+                    .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .await
+                    .expect("create database");
+                let url = match admin.rsplit_once('/') {
+                    Some((base, _)) => format!("{base}/{name}"),
+                    None => admin.clone(),
+                };
+                let pg_dir = tempfile::tempdir().expect("temporary directory");
+                results.push((
+                    "PostgreSQL",
+                    run_backend("PostgreSQL", &url, pg_dir.path()).await,
+                ));
+                connection
+                    .execute(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE {name} WITH (FORCE)"
+                    )))
+                    .await
+                    .expect("drop database");
+            }
+            Err(error) => println!("PostgreSQL skipped: cannot connect to {admin}: {error}"),
+        }
+    }
+    println!(
+        "\nopledger serve under load: /coupon updates, each from another user (one new operation each)"
+    );
+    println!(
+        "raw SQLite one-row INSERT per transaction (synchronous=FULL), same run: {raw:.0}/s\n"
+    );
+    println!("| backend | phase | acks/s | p50 ms | p99 ms | max ms | errors | vs raw SQLite |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    for (backend, (full, paced)) in &results {
+        row(backend, full, Some(raw));
+        row(backend, paced, None);
+    }
+    for (backend, (full, paced)) in &results {
+        if *backend == "SQLite" {
+            let ratio = full.acks_per_second / raw;
+            println!(
+                "\ntargets (SQLite): acks/s >= 5x raw: {} ({ratio:.1}x); p99 at the quarter rate <= 3 ms: {} ({:.2} ms)",
+                if ratio >= 5.0 { "met" } else { "MISSED" },
+                if paced.p99 <= Duration::from_millis(3) {
+                    "met"
+                } else {
+                    "MISSED"
+                },
+                paced.p99.as_secs_f64() * 1e3
+            );
+        }
+    }
+}
