@@ -88,9 +88,9 @@ const KINDS: &[(&str, &str)] = &[
 /// The dedup retention the test configuration uses (the default): past it, an id is new again.
 const RETENTION: TimeDelta = TimeDelta::hours(72);
 
-/// `../shared/fixtures/telegram/updates`, seen from this crate.
+/// The workspace's copy of the shared update fixtures (`tests/fixtures/telegram/updates`).
 fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/telegram/updates")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/telegram/updates")
 }
 
 /// Every `*.json` fixture, in file-name order, with its exact bytes.
@@ -98,8 +98,8 @@ fn fixtures() -> Vec<(String, Vec<u8>)> {
     let dir = fixtures_dir();
     let entries = std::fs::read_dir(&dir).unwrap_or_else(|error| {
         panic!(
-            "the shared Telegram fixtures are missing at {} ({error}); they live in \
-             ../shared/fixtures/telegram/updates next to the workspace",
+            "the Telegram update fixtures are missing at {} ({error}); restore \
+             tests/fixtures/telegram/updates from git",
             dir.display()
         )
     });

@@ -132,3 +132,50 @@ fn only_the_store_and_projections_contain_sql() {
     }
     assert!(offenders.is_empty(), "{offenders:#?}");
 }
+
+/// The files of a folder by name, with their bytes.
+fn folder_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.is_file())
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes = std::fs::read(&path).expect("read a fixture");
+            (name, bytes)
+        })
+        .collect()
+}
+
+/// The workspace's copy of the shared Telegram fixtures (`tests/fixtures/telegram/updates`) is
+/// the shared folder, file for file, wherever that folder sits next to the workspace. A clone
+/// without it (CI anywhere else) has only the copy, and nothing to compare.
+#[test]
+fn telegram_fixtures_match_the_shared_copy() {
+    let root = workspace_root();
+    let copy = folder_files(&root.join("tests/fixtures/telegram/updates"));
+    assert!(copy.len() > 50, "the fixture copy holds the updates");
+    let Some(shared) = root
+        .parent()
+        .map(|parent| parent.join("shared/fixtures/telegram/updates"))
+        .filter(|dir| dir.is_dir())
+    else {
+        eprintln!(
+            "no ../shared/fixtures/telegram/updates next to the workspace; nothing to compare"
+        );
+        return;
+    };
+    let shared = folder_files(&shared);
+    let differing: Vec<&String> = shared
+        .keys()
+        .chain(copy.keys())
+        .filter(|name| shared.get(*name) != copy.get(*name))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "tests/fixtures/telegram/updates differs from ../shared in {differing:?}: refresh the copy \
+         as tests/fixtures/telegram/README.md says"
+    );
+}

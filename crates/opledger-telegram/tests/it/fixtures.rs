@@ -6,25 +6,20 @@ use std::path::{Path, PathBuf};
 
 use opledger_telegram::{Update, parse_update};
 
-const FIXTURES: &str = "shared/fixtures/telegram/updates";
-
-/// The fixture folder: `$OPLEDGER_TELEGRAM_FIXTURES` if set, else `shared/fixtures/telegram/updates`
-/// in the nearest ancestor of this crate that has it (`/work/shared` next to the workspace).
+/// The fixture folder: `$OPLEDGER_TELEGRAM_FIXTURES` if set, else the workspace's copy of the
+/// shared fixtures, `tests/fixtures/telegram/updates`.
 fn fixtures_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("OPLEDGER_TELEGRAM_FIXTURES") {
         return PathBuf::from(dir);
     }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .ancestors()
-        .map(|dir| dir.join(FIXTURES))
-        .find(|dir| dir.is_dir())
-        .unwrap_or_else(|| {
-            panic!(
-                "the update fixtures ({FIXTURES}) are in no ancestor of {}: set OPLEDGER_TELEGRAM_FIXTURES",
-                manifest.display()
-            )
-        })
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/telegram/updates");
+    assert!(
+        dir.is_dir(),
+        "the update fixtures are missing at {}: restore tests/fixtures/telegram/updates from git, \
+         or point OPLEDGER_TELEGRAM_FIXTURES at a folder of update files",
+        dir.display()
+    );
+    dir
 }
 
 struct Expected {
