@@ -20,11 +20,11 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::clock::{Clock, SystemClock};
 use crate::intake::{Intake, Recorded};
 use crate::poll;
 use crate::replies::{self, Answer};
 use crate::webhook::{self, WebhookSecret};
+use opledger_ledger::{Clock, SystemClock};
 
 /// Counts the service keeps for operators (exported as metrics by the read-side issue).
 #[derive(Debug, Default)]

@@ -27,8 +27,7 @@ use opledger_domain::{
 use opledger_store::{AnyStore, AppendRequest, EventStore, ExpectedVersion, StoreError, StreamId};
 use opledger_telegram::{CallbackQuery, Command, Quarantine, Update, parse_update};
 
-use crate::clock::Clock;
-use crate::ledger::{LedgerError, expected, load, request};
+use opledger_ledger::{Clock, LedgerError, expected, load, request};
 
 /// How often one update's decisions are made again after losing a race for a stream.
 const MAX_ATTEMPTS: usize = 8;

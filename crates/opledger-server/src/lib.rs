@@ -13,15 +13,14 @@
 //! intake path.
 
 pub mod app;
-pub mod clock;
 pub mod intake;
-mod ledger;
 mod poll;
 pub mod replies;
 mod webhook;
 
 pub use app::{App, Counters, allowed_updates};
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use intake::{Intake, IntakeError, Recorded, Route};
-pub use ledger::LedgerError;
+pub use opledger_ledger::LedgerError;
+pub use opledger_ledger::clock;
+pub use opledger_ledger::{Clock, ManualClock, SystemClock};
 pub use webhook::SECRET_HEADER;

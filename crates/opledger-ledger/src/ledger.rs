@@ -24,10 +24,7 @@ pub enum LedgerError {
 }
 
 /// Replays a stream into its aggregate; an absent stream is the aggregate's initial state.
-pub(crate) async fn load<A: Aggregate>(
-    store: &AnyStore,
-    stream: &StreamId,
-) -> Result<A, LedgerError> {
+pub async fn load<A: Aggregate>(store: &AnyStore, stream: &StreamId) -> Result<A, LedgerError> {
     let recorded = store.read_stream(stream, 1, usize::MAX).await?;
     let events = recorded
         .iter()
@@ -41,7 +38,7 @@ pub(crate) async fn load<A: Aggregate>(
 }
 
 /// The expected version for an append decided on a state at `version`.
-pub(crate) fn expected(version: StreamVersion) -> ExpectedVersion {
+pub fn expected(version: StreamVersion) -> ExpectedVersion {
     if version == 0 {
         ExpectedVersion::NoStream
     } else {
@@ -50,7 +47,7 @@ pub(crate) fn expected(version: StreamVersion) -> ExpectedVersion {
 }
 
 /// Decided events as an append request at `expected`.
-pub(crate) fn request<E: DomainEvent>(
+pub fn request<E: DomainEvent>(
     stream: StreamId,
     expected: ExpectedVersion,
     events: &[E],

@@ -1,0 +1,12 @@
+//! The bridge between the pure domain and the event store, shared by every edge that decides
+//! (intake, the worker, operator commands).
+//!
+//! - [`ledger`]: replay a stream into its aggregate ([`load`]), the expected version of the next
+//!   append ([`expected`]), decided events as an append request ([`request`]).
+//! - [`clock`]: where the edges read the time that the domain is given as a parameter.
+
+pub mod clock;
+pub mod ledger;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use ledger::{LedgerError, expected, load, request};
