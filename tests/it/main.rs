@@ -4,11 +4,14 @@
 mod buttons;
 mod cli;
 mod conformance;
+mod crash;
 mod fixtures;
 mod intake;
 mod polling;
 mod postgres;
+mod reconcile;
 mod serve;
 mod storage_failure;
 mod support;
 mod tidy;
+mod worker;

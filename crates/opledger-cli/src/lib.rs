@@ -40,8 +40,11 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Run the service: Telegram webhooks and long polling, recorded before they are answered.
-    Serve,
+    /// Run the service: Telegram webhooks and long polling, recorded before they are answered,
+    /// and the worker that carries operations out.
+    Serve(cmd::serve::Serve),
+    /// Run only the worker: claims due operations, calls their services, sends replies.
+    Worker(cmd::worker::WorkerArgs),
     /// Create the ledger if needed and apply pending schema migrations.
     Migrate,
     /// Print events in global order, or one stream's events.
@@ -53,11 +56,17 @@ pub(crate) enum Command {
     /// Set up or inspect a bot's webhook with Telegram.
     #[command(subcommand)]
     Webhook(cmd::webhook::Webhook),
+    /// Operations whose outcome nobody knows: list them, and record what a person found out.
+    #[command(subcommand)]
+    Reconcile(cmd::reconcile::Reconcile),
 }
 
 /// Parses the command line, runs the command and maps the outcome to an exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Crash tests configure crash points through FAILPOINTS; shipped builds have none.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -78,12 +87,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let config = settings::load(cli.config.as_deref())?;
     let url = settings::database_url(cli.database_url.as_deref(), &config);
     match cli.command {
-        Command::Serve => cmd::serve::run(config, &url).await,
+        Command::Serve(serve) => cmd::serve::run(serve, config, &url).await,
+        Command::Worker(args) => cmd::worker::run(args, config, &url).await,
         Command::Migrate => cmd::migrate::run(&url).await,
         Command::Events(events) => events.run(&url).await,
         Command::Streams(streams) => streams.run(&url).await,
         Command::Ops(ops) => ops.run(&url).await,
         Command::Webhook(webhook) => webhook.run(&config).await,
+        Command::Reconcile(reconcile) => reconcile.run(&url).await,
     }
 }
 

@@ -4,8 +4,10 @@
 //! - [`ledger`]: replay a stream into its aggregate ([`load`]), the expected version of the next
 //!   append ([`expected`]), decided events as an append request ([`request`]).
 //! - [`clock`]: where the edges read the time that the domain is given as a parameter.
+//! - [`failpoint`]: crash points, compiled in only with the `failpoints` feature (crash tests).
 
 pub mod clock;
+pub mod failpoint;
 pub mod ledger;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use futures_util::future::BoxFuture;
 use opledger_domain::operation::{OperationEvent, ReconcileOutcome, Status};
 use opledger_domain::{DomainEvent, Operation};
@@ -75,7 +75,17 @@ pub enum FoldError {
     MissingRow { position: u64, stream: String },
 }
 
+/// How long a reply may stay in flight before the worker's sweep presumes its sender died and
+/// records the reply's outcome as unknown. Far longer than a `sendMessage` may take.
+pub const REPLY_LEASE: TimeDelta = TimeDelta::seconds(60);
+
 impl OperationStatusRow {
+    /// When a worker must look at a terminal operation: now, if it has a chat to reply to and
+    /// no reply was started yet; never otherwise.
+    fn reply_due(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        (self.chat_id.is_some() && self.reply == "not_started").then_some(at)
+    }
+
     /// Folds one event of the operation's stream into its row; `row` is `None` before the first
     /// event.
     pub fn apply(row: Option<Self>, link: &Link<'_>) -> Result<Self, FoldError> {
@@ -133,13 +143,13 @@ impl OperationStatusRow {
                 row.status = status(Status::Confirmed);
                 row.external_id.clone_from(&e.external_id);
                 row.lease_until = None;
-                row.due_at = None;
+                row.due_at = row.reply_due(at);
             }
             OperationEvent::Failed(e) => {
                 row.status = status(Status::Failed);
                 row.last_error = Some(e.reason.clone());
                 row.lease_until = None;
-                row.due_at = None;
+                row.due_at = row.reply_due(at);
             }
             OperationEvent::RetryScheduled(e) => {
                 row.status = status(Status::RetryScheduled);
@@ -163,18 +173,35 @@ impl OperationStatusRow {
                 } else {
                     row.status = status(Status::Reconciled);
                     row.external_id.clone_from(&e.external_id);
-                    row.due_at = None;
+                    row.due_at = row.reply_due(at);
                 }
             }
             OperationEvent::KeyConflictRecorded(_) => {
                 row.key_conflicts = row.key_conflicts.saturating_add(1);
             }
             OperationEvent::TransitionRejected(_) => {}
-            OperationEvent::ReplyStarted(_) => row.reply = "in_flight".to_owned(),
-            OperationEvent::ReplySent(_) => row.reply = "sent".to_owned(),
-            OperationEvent::ReplyRetryScheduled(_) => row.reply = "retry_scheduled".to_owned(),
-            OperationEvent::ReplyFailed(_) => row.reply = "failed".to_owned(),
-            OperationEvent::ReplyOutcomeUnknown(_) => row.reply = "unknown".to_owned(),
+            OperationEvent::ReplyStarted(_) => {
+                row.reply = "in_flight".to_owned();
+                // If no outcome is recorded by then, the sender died: the sweep records the
+                // reply's outcome as unknown (never a second sendMessage).
+                row.due_at = Some(at + REPLY_LEASE);
+            }
+            OperationEvent::ReplySent(_) => {
+                row.reply = "sent".to_owned();
+                row.due_at = None;
+            }
+            OperationEvent::ReplyRetryScheduled(e) => {
+                row.reply = "retry_scheduled".to_owned();
+                row.due_at = Some(e.at);
+            }
+            OperationEvent::ReplyFailed(_) => {
+                row.reply = "failed".to_owned();
+                row.due_at = None;
+            }
+            OperationEvent::ReplyOutcomeUnknown(_) => {
+                row.reply = "unknown".to_owned();
+                row.due_at = None;
+            }
         }
         row.updated_at = at;
         row.version = link.version;
@@ -559,4 +586,94 @@ pub async fn get(
         }
     };
     Ok(row)
+}
+
+/// Terminal operations are due only for their reply: left out for a worker that sends none.
+const TERMINAL: &str = "AND ($4 OR status NOT IN ('confirmed', 'failed', 'reconciled'))";
+const NEXT_TERMINAL: &str = "AND ($2 OR status NOT IN ('confirmed', 'failed', 'reconciled'))";
+
+/// Operations a worker should look at by `now`, earliest due first: received ones, retries that
+/// are due, claims whose lease ran out, and terminal ones whose reply is due.
+///
+/// Only operations of `actions` are listed, so that an action this worker does not know never
+/// blocks the head of the queue; terminal ones (whose reply is due) only with `replies`. The
+/// rows are a hint: the worker decides on the operation's stream, and its append's version
+/// check settles any race.
+pub async fn due(
+    pool: ReadPool<'_>,
+    now: DateTime<Utc>,
+    actions: &[String],
+    replies: bool,
+    limit: u32,
+) -> Result<Vec<OperationStatusRow>, ReadError> {
+    let limit = i64::from(limit.max(1));
+    let rows = match pool {
+        ReadPool::Sqlite(pool) => {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM operation_status \
+                 WHERE due_at IS NOT NULL AND due_at <= $1 \
+                 AND action IN (SELECT value FROM json_each($2)) {TERMINAL} \
+                 ORDER BY due_at LIMIT $3"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(now.timestamp_micros())
+                .bind(serde_json::Value::from(actions.to_vec()).to_string())
+                .bind(limit)
+                .bind(replies)
+                .try_map(|row: sqlx::sqlite::SqliteRow| decode_row(&row))
+                .fetch_all(pool)
+                .await?
+        }
+        ReadPool::Postgres(pool) => {
+            let sql = format!(
+                "SELECT {PG_COLUMNS} FROM operation_status \
+                 WHERE due_at IS NOT NULL AND due_at <= $1 AND action = ANY($2) {TERMINAL} \
+                 ORDER BY due_at LIMIT $3"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(now)
+                .bind(actions)
+                .bind(limit)
+                .bind(replies)
+                .try_map(|row: sqlx::postgres::PgRow| decode_row(&row))
+                .fetch_all(pool)
+                .await?
+        }
+    };
+    Ok(rows)
+}
+
+/// When the next operation of `actions` becomes due, if any is waiting: how long a worker with
+/// nothing to do may sleep.
+pub async fn next_due(
+    pool: ReadPool<'_>,
+    actions: &[String],
+    replies: bool,
+) -> Result<Option<DateTime<Utc>>, ReadError> {
+    let at = match pool {
+        ReadPool::Sqlite(pool) => {
+            let sql = format!(
+                "SELECT min(due_at) FROM operation_status WHERE due_at IS NOT NULL \
+                 AND action IN (SELECT value FROM json_each($1)) {NEXT_TERMINAL}"
+            );
+            let micros: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(serde_json::Value::from(actions.to_vec()).to_string())
+                .bind(replies)
+                .fetch_one(pool)
+                .await?;
+            micros.and_then(DateTime::from_timestamp_micros)
+        }
+        ReadPool::Postgres(pool) => {
+            let sql = format!(
+                "SELECT min(due_at) FROM operation_status WHERE due_at IS NOT NULL \
+                 AND action = ANY($1) {NEXT_TERMINAL}"
+            );
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(actions)
+                .bind(replies)
+                .fetch_one(pool)
+                .await?
+        }
+    };
+    Ok(at)
 }

@@ -95,6 +95,8 @@ pub(crate) async fn receive(
             return unavailable();
         }
     };
+    // Crash tests abort here: committed, not yet answered.
+    opledger_ledger::failpoint::crash("intake-after-commit");
     state.count(&recorded);
     // Pure answers ride on the response; if reading them fails, the update is recorded anyway.
     match state.answer(&bot, &recorded).await {

@@ -2,8 +2,10 @@
 //! databases.
 
 pub(crate) mod app;
+pub(crate) mod fake_service;
 pub(crate) mod fake_telegram;
 pub(crate) mod postgres;
+pub(crate) mod serving;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

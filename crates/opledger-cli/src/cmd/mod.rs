@@ -3,6 +3,8 @@
 pub(crate) mod events;
 pub(crate) mod migrate;
 pub(crate) mod ops;
+pub(crate) mod reconcile;
 pub(crate) mod serve;
 pub(crate) mod streams;
 pub(crate) mod webhook;
+pub(crate) mod worker;

@@ -5,10 +5,26 @@ use anyhow::Context;
 use opledger_config::{BotMode, Config};
 use opledger_server::App;
 
+use crate::cmd::worker::WorkerArgs;
 use crate::database;
 
-pub(crate) async fn run(config: Config, url: &str) -> anyhow::Result<()> {
+/// `opledger serve`'s options.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Serve {
+    /// Do not run the worker in this process (run `opledger worker` elsewhere).
+    #[arg(long)]
+    no_worker: bool,
+    #[command(flatten)]
+    worker: WorkerArgs,
+}
+
+pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Result<()> {
     let store = database::open(url).await?;
+    let worker = if serve.no_worker {
+        None
+    } else {
+        Some(serve.worker.build(&config, store.clone())?)
+    };
     let app = App::build(&config, store);
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
@@ -44,22 +60,43 @@ pub(crate) async fn run(config: Config, url: &str) -> anyhow::Result<()> {
             )),
         }
     }
-    app.run(listener, shutdown_signal())
-        .await
-        .context("the service stopped with an error")?;
+    // On SIGINT or SIGTERM the worker stops first: the operations in hand finish their step
+    // (the service keeps answering meanwhile), then the service shuts down and closes the
+    // store. A step cut off by a closed store would leave a call's outcome unknown.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = worker.map(|worker| {
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            worker
+                .run(async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                })
+                .await;
+        })
+    });
+    let served = app
+        .run(listener, async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+            if let Some(worker) = worker {
+                let _ = worker.await;
+            }
+        })
+        .await;
+    served.context("the service stopped with an error")?;
     say(format_args!("opledger stopped"));
     Ok(())
 }
 
 /// A line on stdout for whoever watches; a reader that went away does not stop the service.
-fn say(line: std::fmt::Arguments<'_>) {
+pub(crate) fn say(line: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let interrupt = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

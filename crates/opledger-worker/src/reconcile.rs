@@ -1,0 +1,317 @@
+//! Operator reconciliation: the queue of operations whose outcome nobody knows ([`list`]), and a
+//! person's decision about one of them ([`resolve`]), appended as a `Reconciled` event.
+//!
+//! The read model only finds the operation's stream; the decision is made on the stream itself,
+//! by the domain's `decide`, and appended at the version it was decided on, so a decision can
+//! never land on an operation that moved meanwhile. Shared by `opledger reconcile` and, later,
+//! the admin API.
+
+use chrono::{DateTime, Utc};
+use opledger_domain::operation::{
+    self, OperationCommand, ReconcileOutcome, Reconciled, Status, evolve,
+};
+use opledger_domain::{Causation, EventMetadata, Operation, Rejection};
+use opledger_ledger::{LedgerError, expected, load, request};
+use opledger_projections::operation_status::{self, Filter, OperationStatusRow, ReadError};
+use opledger_store::{AnyStore, EventStore, StoreError, StreamId};
+use serde::Serialize;
+
+/// How many times a decision is made again after another writer changed the operation first.
+pub const MAX_ATTEMPTS: usize = 5;
+
+/// Why an operation could not be listed or resolved. Nothing was changed, unless a storage
+/// error says the outcome is unknown; resolving again is then safe: it finds the operation
+/// resolved, or resolves it once.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// No operation has this id.
+    #[error(
+        "no operation has the id {operation_id}: check it against `opledger reconcile list` or \
+         `opledger ops`; nothing was changed"
+    )]
+    UnknownOperation {
+        /// The id as given.
+        operation_id: String,
+    },
+    /// The operation is not in `needs_reconciliation` (already resolved, or never marked).
+    #[error(
+        "operation {operation_id} is {status}, not waiting for reconciliation; nothing was changed"
+    )]
+    NotWaiting {
+        /// The operation's id.
+        operation_id: String,
+        /// Where it stands.
+        status: Status,
+    },
+    /// The decision names nobody.
+    #[error("the operator is empty: say who decides, for the audit trail; nothing was changed")]
+    MissingOperator,
+    /// The decision gives no reason.
+    #[error("the note is empty: say why, for the audit trail; nothing was changed")]
+    MissingNote,
+    /// An external id was given empty.
+    #[error(
+        "the external id is empty: give the service's id, or leave it out; nothing was changed"
+    )]
+    EmptyExternalId,
+    /// An external id says the effect happened, which contradicts the outcome.
+    #[error(
+        "an external id goes only with the outcome succeeded, not {}: leave it out, or \
+         resolve as succeeded; nothing was changed",
+        outcome_name(*.outcome)
+    )]
+    ExternalIdWithoutSuccess {
+        /// The outcome given.
+        outcome: ReconcileOutcome,
+    },
+    /// Other writers kept changing the operation between reading it and appending.
+    #[error(
+        "operation {operation_id} changed {attempts} times while being resolved: try again; \
+         nothing was changed"
+    )]
+    Contended {
+        /// The operation's id.
+        operation_id: String,
+        /// How many decisions were tried.
+        attempts: usize,
+    },
+    /// The domain refused the decision.
+    #[error("operation {operation_id} refused the decision: {rejection}")]
+    Refused {
+        /// The operation's id.
+        operation_id: String,
+        /// Why.
+        rejection: Rejection,
+    },
+    /// The read model could not be read.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// The ledger could not be read or written; the store's message says what to do.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+impl From<StoreError> for ReconcileError {
+    fn from(error: StoreError) -> Self {
+        ReconcileError::Ledger(error.into())
+    }
+}
+
+/// The stable snake_case name of an outcome, as the event's payload spells it.
+pub fn outcome_name(outcome: ReconcileOutcome) -> &'static str {
+    match outcome {
+        ReconcileOutcome::Succeeded => "succeeded",
+        ReconcileOutcome::Failed => "failed",
+        ReconcileOutcome::Retry => "retry",
+    }
+}
+
+/// What [`resolve`] appended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The operation's id (for `retry`, also the idempotency key of the next call).
+    pub operation_id: String,
+    /// The operation's stream.
+    pub stream_id: String,
+    /// The decision as recorded.
+    pub decision: Reconciled,
+    /// Where the operation stands now: `reconciled`, or `retry_scheduled` (due now) for `retry`.
+    pub status: Status,
+    /// The stream's version after the append.
+    pub version: u64,
+    /// The `Reconciled` event's position in the ledger.
+    pub position: u64,
+    /// When the ledger recorded it.
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// Records a person's decision about an operation waiting for reconciliation: appends
+/// `Reconciled`, caused by the operator, at the version the decision was made on.
+///
+/// `succeeded` and `failed` end the operation (its reply follows); `retry` makes it due now, to be
+/// claimed again with the same operation id as idempotency key. An operation in any other status
+/// is left alone ([`ReconcileError::NotWaiting`]). If another writer changes the stream first,
+/// the operation is read and decided again, up to [`MAX_ATTEMPTS`] times.
+pub async fn resolve(
+    store: &AnyStore,
+    operation_id: &str,
+    decision: Reconciled,
+    now: DateTime<Utc>,
+) -> Result<Resolved, ReconcileError> {
+    check(&decision)?;
+    let operation_id = operation_id.trim().to_ascii_lowercase();
+    let row = operation_status::get(store.reader(), &operation_id)
+        .await?
+        .ok_or_else(|| ReconcileError::UnknownOperation {
+            operation_id: operation_id.clone(),
+        })?;
+    let stream = StreamId::new(row.stream_id.clone()).map_err(StoreError::from)?;
+    let metadata = EventMetadata::caused_by(Causation::Operator {
+        operator: decision.operator.clone(),
+    });
+    let command = OperationCommand::Reconcile(decision.clone());
+    for _ in 0..MAX_ATTEMPTS {
+        let state = load::<Operation>(store, &stream).await?;
+        if state.operation_id.map(|id| id.to_string()).as_deref() != Some(operation_id.as_str()) {
+            // The read model names a stream that does not hold this operation: it is stale.
+            return Err(ReconcileError::UnknownOperation { operation_id });
+        }
+        if state.status != Status::NeedsReconciliation {
+            return Err(ReconcileError::NotWaiting {
+                operation_id,
+                status: state.status,
+            });
+        }
+        let events = operation::decide(&state, &command, now).map_err(|rejection| {
+            ReconcileError::Refused {
+                operation_id: operation_id.clone(),
+                rejection,
+            }
+        })?;
+        let append = request(stream.clone(), expected(state.version), &events, &metadata)?;
+        match store.append(vec![append]).await {
+            Ok(appended) => {
+                let status = events.iter().fold(state, evolve).status;
+                return Ok(Resolved {
+                    operation_id,
+                    stream_id: stream.to_string(),
+                    decision,
+                    status,
+                    version: appended.streams.first().map_or(0, |(_, version)| *version),
+                    position: *appended.positions.end(),
+                    recorded_at: appended.recorded_at,
+                });
+            }
+            Err(StoreError::VersionConflict { .. }) => continue,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(ReconcileError::Contended {
+        operation_id,
+        attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// The decision's own checks, before anything is read.
+fn check(decision: &Reconciled) -> Result<(), ReconcileError> {
+    if decision.operator.trim().is_empty() {
+        return Err(ReconcileError::MissingOperator);
+    }
+    if decision.note.trim().is_empty() {
+        return Err(ReconcileError::MissingNote);
+    }
+    match &decision.external_id {
+        Some(id) if id.trim().is_empty() => Err(ReconcileError::EmptyExternalId),
+        Some(_) if decision.outcome != ReconcileOutcome::Succeeded => {
+            Err(ReconcileError::ExternalIdWithoutSuccess {
+                outcome: decision.outcome,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// An operation waiting for a person, as the reconciliation queue shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Waiting {
+    pub operation_id: String,
+    pub stream_id: String,
+    pub action: String,
+    pub business_key: String,
+    pub bot: String,
+    pub chat_id: Option<i64>,
+    pub user_id: Option<i64>,
+    /// Claims used so far.
+    pub attempts: u32,
+    /// Why the outcome is unknown, as the worker recorded it.
+    pub reason: Option<String>,
+    /// When the operation last changed: when it was marked, unless a refused request or a late
+    /// worker left a trace since.
+    pub updated_at: DateTime<Utc>,
+    /// How long it has been waiting at the time of listing, in whole seconds.
+    pub age_seconds: i64,
+}
+
+impl Waiting {
+    fn new(row: OperationStatusRow, now: DateTime<Utc>) -> Self {
+        Waiting {
+            age_seconds: (now - row.updated_at).num_seconds().max(0),
+            operation_id: row.operation_id,
+            stream_id: row.stream_id,
+            action: row.action,
+            business_key: row.business_key,
+            bot: row.bot,
+            chat_id: row.chat_id,
+            user_id: row.user_id,
+            attempts: row.attempts,
+            reason: row.last_error,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+/// The operations in `needs_reconciliation`, at most `limit`, most recently changed first, with
+/// their age at `now`.
+pub async fn list(
+    store: &AnyStore,
+    now: DateTime<Utc>,
+    limit: u32,
+) -> Result<Vec<Waiting>, ReconcileError> {
+    let filter = Filter {
+        status: Some(Status::NeedsReconciliation.as_str().to_owned()),
+        limit,
+        ..Filter::default()
+    };
+    let rows = operation_status::list(store.reader(), &filter).await?;
+    Ok(rows.into_iter().map(|row| Waiting::new(row, now)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(outcome: ReconcileOutcome, external_id: Option<&str>) -> Reconciled {
+        Reconciled {
+            outcome,
+            external_id: external_id.map(str::to_owned),
+            operator: "alice".to_owned(),
+            note: "checked the CRM".to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_decision_names_its_operator_and_reason() {
+        assert!(check(&decision(ReconcileOutcome::Succeeded, Some("crm-1"))).is_ok());
+        assert!(check(&decision(ReconcileOutcome::Retry, None)).is_ok());
+        let nobody = Reconciled {
+            operator: " ".to_owned(),
+            ..decision(ReconcileOutcome::Failed, None)
+        };
+        assert!(matches!(
+            check(&nobody),
+            Err(ReconcileError::MissingOperator)
+        ));
+        let no_reason = Reconciled {
+            note: String::new(),
+            ..decision(ReconcileOutcome::Failed, None)
+        };
+        assert!(matches!(
+            check(&no_reason),
+            Err(ReconcileError::MissingNote)
+        ));
+    }
+
+    #[test]
+    fn an_external_id_goes_only_with_success() {
+        assert!(matches!(
+            check(&decision(ReconcileOutcome::Succeeded, Some(""))),
+            Err(ReconcileError::EmptyExternalId)
+        ));
+        let error = check(&decision(ReconcileOutcome::Retry, Some("crm-1"))).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "an external id goes only with the outcome succeeded, not retry: leave it out, or \
+             resolve as succeeded; nothing was changed"
+        );
+    }
+}

@@ -1,0 +1,734 @@
+//! The worker loop: due operations in, one decided append per step out.
+//!
+//! For each due operation the worker reads its stream (the read model only says where to look)
+//! and takes the step its state calls for:
+//! - received, a due retry, or a claim whose lease expired with nothing sent: claim it
+//!   (`Claimed` at the version read: of two racing workers one wins), record `ExternalCallSent`,
+//!   then call the effector and record what came back;
+//! - a claim whose lease expired after `ExternalCallSent` (its worker died or hung): the
+//!   unknown-outcome path, never a second blind call;
+//! - terminal, with a reply due: send the reply, itself an ambiguous effect.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use futures_util::StreamExt;
+use opledger_config::{ActionConfig, Config, ReplyPlaceholder};
+use opledger_domain::operation::{
+    Confirmed, ConfirmedVia, OperationCommand, OperationEvent, Received, TransitionRejected,
+    decide, evolve,
+};
+use opledger_domain::{Causation, DomainEvent, EventMetadata, Operation, Status, delivery_stream};
+use opledger_ledger::{Clock, LedgerError, expected, request};
+use opledger_projections::operation_status::{self, OperationStatusRow};
+use opledger_store::{AnyStore, EventStore, StoreError, StreamId};
+use opledger_telegram::BotApi;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::backoff::Backoff;
+use crate::effector::{CallOutcome, EffectRequest, Effector, LookupOutcome, NoEffect, Success};
+use crate::http::HttpEffector;
+use crate::reply::Replier;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// This worker's id, recorded in its claims: unique among the workers sharing a ledger.
+    pub id: String,
+    /// How many operations it works on at once.
+    pub concurrency: usize,
+    /// The longest it sleeps without looking for due operations (it is also woken by appends
+    /// to the ledger and by the earliest known due time).
+    pub idle_poll: Duration,
+    /// Added to the effector's time (call plus lookup) to make a claim's lease.
+    pub lease_margin: Duration,
+    /// The delay before a transient failure is tried again.
+    pub backoff: Backoff,
+    /// Whether to send replies to users (a worker may leave them to others).
+    pub replies: bool,
+    /// The least time between two replies to one chat (Telegram allows about one per second).
+    pub reply_interval: Duration,
+}
+
+impl WorkerOptions {
+    /// Defaults for a worker named `id`.
+    pub fn new(id: impl Into<String>) -> Self {
+        WorkerOptions {
+            id: id.into(),
+            concurrency: 4,
+            idle_poll: Duration::from_secs(1),
+            lease_margin: Duration::from_secs(10),
+            backoff: Backoff::default(),
+            replies: true,
+            reply_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why the worker could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot set up the bot api client of bot `{bot}`: {source}")]
+    BotApi {
+        bot: String,
+        #[source]
+        source: opledger_telegram::BotApiError,
+    },
+    #[error(transparent)]
+    Client(#[from] crate::http::ClientError),
+    #[error("no action named `{0}` is configured, so no effector can be set for it")]
+    UnknownAction(String),
+    #[error("the worker's concurrency must be at least 1")]
+    NoConcurrency,
+    #[error("cannot read the due operations: {0}")]
+    Read(#[from] operation_status::ReadError),
+}
+
+/// Why one step on one operation did not complete; the operation stays due and is looked at
+/// again.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StepError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(
+        "operation stream `{0}` does not start with Received; the ledger is not one this worker can act on"
+    )]
+    NotAnOperation(String),
+    #[error("invalid stream id: {0}")]
+    StreamId(#[from] opledger_store::InvalidRequest),
+}
+
+impl From<StoreError> for StepError {
+    fn from(error: StoreError) -> Self {
+        StepError::Ledger(LedgerError::Store(error))
+    }
+}
+
+/// One configured action as the worker runs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Action {
+    pub(crate) config: Arc<ActionConfig>,
+    pub(crate) effector: Arc<dyn Effector>,
+}
+
+/// Takes due operations through their lifecycle; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: AnyStore,
+    clock: Arc<dyn Clock>,
+    actions: HashMap<String, Action>,
+    action_names: Vec<String>,
+    replier: Replier,
+    options: WorkerOptions,
+    /// Operations a task of this worker is working on: never two tasks on one operation.
+    in_flight: Mutex<HashSet<String>>,
+    /// Operations listed as due on which the last step found nothing to do (or failed), left
+    /// alone until the instant given, so that a stale or unworkable row cannot make the loop
+    /// spin.
+    resting: Mutex<HashMap<String, tokio::time::Instant>>,
+}
+
+/// The outcome of one append attempt.
+pub(crate) enum Appended {
+    /// Committed; the state moved on.
+    Done,
+    /// Another writer moved the stream first; the step was not taken.
+    Lost,
+    /// The domain refused the command in the current state.
+    Refused(opledger_domain::Rejection),
+}
+
+/// An operation as the worker sees it: its state, the request that started it, how it ended.
+pub(crate) struct View {
+    pub(crate) stream: StreamId,
+    pub(crate) state: Operation,
+    pub(crate) received: Received,
+    /// The last terminal event, for the reply.
+    pub(crate) ending: Option<OperationEvent>,
+}
+
+impl Worker {
+    /// A worker for the actions of `config` (HTTP effectors as configured, none for actions
+    /// without one) on `store`.
+    pub fn new(
+        config: &Config,
+        store: AnyStore,
+        clock: Arc<dyn Clock>,
+        options: WorkerOptions,
+    ) -> Result<Self, WorkerError> {
+        if options.concurrency == 0 {
+            return Err(WorkerError::NoConcurrency);
+        }
+        let http = HttpEffector::client()?;
+        let mut actions = HashMap::new();
+        for action in &config.actions {
+            let effector: Arc<dyn Effector> = match &action.effector {
+                Some(effector) => Arc::new(HttpEffector::new(
+                    http.clone(),
+                    effector,
+                    result_fields(action),
+                )),
+                None => Arc::new(NoEffect),
+            };
+            actions.insert(
+                action.name.clone(),
+                Action {
+                    config: Arc::new(action.clone()),
+                    effector,
+                },
+            );
+        }
+        let mut bots = HashMap::new();
+        let bot_http = BotApi::http_client().map_err(|source| WorkerError::BotApi {
+            bot: String::new(),
+            source,
+        })?;
+        for bot in &config.bots {
+            let api = BotApi::new(&bot.api_base_url, bot.token.clone(), bot_http.clone())
+                .map_err(|source| WorkerError::BotApi {
+                    bot: bot.name.clone(),
+                    source,
+                })?
+                .with_request_timeout(Duration::from_secs(10));
+            bots.insert(bot.name.clone(), api);
+        }
+        let mut action_names: Vec<String> = actions.keys().cloned().collect();
+        action_names.sort();
+        let replier = Replier::new(bots, options.reply_interval);
+        Ok(Worker {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                actions,
+                action_names,
+                replier,
+                options,
+                in_flight: Mutex::new(HashSet::new()),
+                resting: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Replaces the effector of `action`: an in-process side effect in library use.
+    ///
+    /// Call it before the worker runs; a worker already shared keeps its effectors.
+    pub fn with_effector(
+        mut self,
+        action: &str,
+        effector: Arc<dyn Effector>,
+    ) -> Result<Self, WorkerError> {
+        let inner = Arc::get_mut(&mut self.inner)
+            .expect("with_effector is called before the worker is shared");
+        let entry = inner
+            .actions
+            .get_mut(action)
+            .ok_or_else(|| WorkerError::UnknownAction(action.to_owned()))?;
+        entry.effector = effector;
+        Ok(self)
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> &str {
+        &self.inner.options.id
+    }
+
+    /// Works until `shutdown` completes, then lets the operations in hand finish their step
+    /// and returns.
+    pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) {
+        let inner = &self.inner;
+        let permits = Arc::new(Semaphore::new(inner.options.concurrency));
+        let finished = Arc::new(Notify::new());
+        let mut head = inner.store.subscribe();
+        let mut tasks = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        let page = u32::try_from(inner.options.concurrency.saturating_mul(4)).unwrap_or(u32::MAX);
+        loop {
+            let now = inner.clock.now();
+            let mut started = 0usize;
+            match operation_status::due(
+                inner.store.reader(),
+                now,
+                &inner.action_names,
+                inner.options.replies,
+                page,
+            )
+            .await
+            {
+                Ok(mut rows) => {
+                    spread(&inner.options.id, &mut rows);
+                    for row in rows {
+                        if !inner.take(&row.operation_id) {
+                            continue;
+                        }
+                        let permit = tokio::select! {
+                            permit = permits.clone().acquire_owned() => permit,
+                            () = &mut shutdown => {
+                                inner.release(&row.operation_id);
+                                return self.finish(tasks).await;
+                            }
+                        };
+                        let Ok(permit) = permit else { break };
+                        let worker = self.clone();
+                        let finished = finished.clone();
+                        tasks.spawn(async move {
+                            worker.step(&row).await;
+                            worker.inner.release(&row.operation_id);
+                            drop(permit);
+                            finished.notify_one();
+                        });
+                        started += 1;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the due operations; trying again");
+                }
+            }
+            while tasks.try_join_next().is_some() {}
+            if started > 0 {
+                continue;
+            }
+            let wait = self.idle_wait(now).await;
+            tokio::select! {
+                () = &mut shutdown => return self.finish(tasks).await,
+                _ = head.changed() => {}
+                () = finished.notified() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Looks at every operation due now, `concurrency` at a time, and returns how many it
+    /// looked at; for tests and one-shot runs.
+    pub async fn run_due(&self) -> Result<usize, WorkerError> {
+        let inner = &self.inner;
+        let mut rows = operation_status::due(
+            inner.store.reader(),
+            inner.clock.now(),
+            &inner.action_names,
+            inner.options.replies,
+            u32::MAX,
+        )
+        .await?;
+        spread(&inner.options.id, &mut rows);
+        let count = rows.len();
+        futures_util::stream::iter(rows)
+            .for_each_concurrent(inner.options.concurrency, |row| async move {
+                if self.inner.take(&row.operation_id) {
+                    self.step(&row).await;
+                    self.inner.release(&row.operation_id);
+                }
+            })
+            .await;
+        Ok(count)
+    }
+
+    async fn finish(&self, mut tasks: tokio::task::JoinSet<()>) {
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// How long to sleep with nothing to do: until the earliest due time, at most `idle_poll`.
+    async fn idle_wait(&self, now: DateTime<Utc>) -> Duration {
+        let inner = &self.inner;
+        let next = operation_status::next_due(
+            inner.store.reader(),
+            &inner.action_names,
+            inner.options.replies,
+        )
+        .await;
+        let until_next = match next {
+            Ok(Some(at)) => (at - now).to_std().unwrap_or(Duration::from_millis(10)),
+            _ => inner.options.idle_poll,
+        };
+        until_next.clamp(Duration::from_millis(5), inner.options.idle_poll)
+    }
+
+    /// Takes the step one due operation calls for; failures are logged and the operation stays
+    /// due.
+    async fn step(&self, row: &OperationStatusRow) {
+        match self.try_step(row).await {
+            Ok(true) => {}
+            Ok(false) => self
+                .inner
+                .rest(&row.operation_id, self.inner.options.idle_poll),
+            Err(error) => {
+                tracing::warn!(
+                    operation_id = %row.operation_id,
+                    %error,
+                    "operation step failed; it stays due"
+                );
+                self.inner
+                    .rest(&row.operation_id, self.inner.options.idle_poll);
+            }
+        }
+    }
+
+    /// Takes the step the operation's stream calls for; `false` when there was none (the row
+    /// was stale, or another worker holds the operation).
+    async fn try_step(&self, row: &OperationStatusRow) -> Result<bool, StepError> {
+        let Some(action) = self.inner.actions.get(&row.action).cloned() else {
+            return Ok(false);
+        };
+        let mut view = self.load(StreamId::new(row.stream_id.clone())?).await?;
+        let now = self.inner.clock.now();
+        let lease_expired = view.state.claim.as_ref().is_some_and(|c| !c.is_live(now));
+        match view.state.status {
+            Status::Received => self.attempt(&action, &mut view).await?,
+            Status::RetryScheduled if view.state.retry_at.is_none_or(|at| at <= now) => {
+                self.attempt(&action, &mut view).await?;
+            }
+            Status::Claimed if lease_expired => self.attempt(&action, &mut view).await?,
+            Status::CallSent if lease_expired => {
+                let reason = "the worker holding the claim stopped before recording the call's \
+                              outcome (its lease expired)"
+                    .to_owned();
+                self.unknown_outcome(&action, &mut view, reason).await?;
+            }
+            status
+                if status.is_terminal()
+                    && self.inner.options.replies
+                    && row.due_at.is_some_and(|at| at <= now) =>
+            {
+                self.inner.replier.reply(self, &action, &mut view).await?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Claim, record the call, call, record the outcome.
+    async fn attempt(&self, action: &Action, view: &mut View) -> Result<(), StepError> {
+        let now = self.inner.clock.now();
+        let effector_time = action.effector.timeout().saturating_mul(2);
+        let lease = TimeDelta::from_std(effector_time + self.inner.options.lease_margin)
+            .unwrap_or(TimeDelta::MAX);
+        let claim = OperationCommand::Claim {
+            worker: self.inner.options.id.clone(),
+            lease_until: now + lease,
+        };
+        if !matches!(self.append(view, claim).await?, Appended::Done) {
+            return Ok(());
+        }
+        opledger_ledger::failpoint::crash("worker-after-claimed");
+        let sent = OperationCommand::RecordCallSent {
+            worker: self.inner.options.id.clone(),
+        };
+        if !matches!(self.append(view, sent).await?, Appended::Done) {
+            return Ok(());
+        }
+        opledger_ledger::failpoint::crash("worker-after-call-sent");
+        let request = effect_request(view);
+        let outcome = action.effector.call(&request).await;
+        opledger_ledger::failpoint::crash("worker-after-response");
+        let now = self.inner.clock.now();
+        let command = match outcome {
+            CallOutcome::Succeeded(success) => confirm(success, ConfirmedVia::Response),
+            CallOutcome::Rejected { reason } => OperationCommand::Fail { reason },
+            CallOutcome::NotDone {
+                reason,
+                retry_after,
+            } => OperationCommand::ScheduleRetry {
+                at: now + self.delay(view, retry_after),
+                reason,
+                // Nothing left: a retry cannot repeat an effect.
+                same_key: true,
+            },
+            CallOutcome::Unknown { reason } => {
+                return self.unknown_outcome(action, view, reason).await;
+            }
+        };
+        self.record_outcome(view, command).await
+    }
+
+    /// After a call whose outcome is unknown: retry only with a key the service honours, else
+    /// look up, else leave it to a person. Never a blind repeat.
+    async fn unknown_outcome(
+        &self,
+        action: &Action,
+        view: &mut View,
+        reason: String,
+    ) -> Result<(), StepError> {
+        let effector = &action.effector;
+        let command = if effector.honours_idempotency_key() {
+            OperationCommand::ScheduleRetry {
+                at: self.inner.clock.now() + self.delay(view, None),
+                reason: format!(
+                    "{reason}; retrying with the same idempotency key, which the service honours"
+                ),
+                same_key: true,
+            }
+        } else {
+            let request = effect_request(view);
+            match effector.lookup(&request).await {
+                LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
+                LookupOutcome::Absent => OperationCommand::ScheduleRetry {
+                    at: self.inner.clock.now() + self.delay(view, None),
+                    reason: format!("{reason}; the lookup found nothing under the operation id"),
+                    same_key: true,
+                },
+                LookupOutcome::Failed { reason: lookup } => {
+                    OperationCommand::MarkForReconciliation {
+                        reason: format!("{reason}; the lookup failed too ({lookup})"),
+                    }
+                }
+                LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
+                    reason: format!(
+                        "{reason}; the service does not honour the idempotency key and has no \
+                         lookup, so a person must check"
+                    ),
+                },
+            }
+        };
+        self.record_outcome(view, command).await
+    }
+
+    /// Records what became of a call. If another worker moved the operation meanwhile (its
+    /// sweep after our lease ran out), the outcome is decided again on the new state; if the
+    /// domain refuses it there, the refusal and the late outcome are recorded for a person.
+    async fn record_outcome(
+        &self,
+        view: &mut View,
+        command: OperationCommand,
+    ) -> Result<(), StepError> {
+        for _ in 0..4 {
+            match self.append(view, command.clone()).await? {
+                Appended::Done => return Ok(()),
+                Appended::Lost => *view = self.load(view.stream.clone()).await?,
+                Appended::Refused(rejection) => {
+                    tracing::warn!(
+                        operation_id = %view.received.operation_id,
+                        %rejection,
+                        "a late call outcome was refused; recording it for the audit trail"
+                    );
+                    let record = TransitionRejected {
+                        command: command.kind().as_str().to_owned(),
+                        status: view.state.status.as_str().to_owned(),
+                        reason: format!(
+                            "{rejection}; the late outcome was: {}",
+                            describe(&command)
+                        ),
+                    };
+                    let event: OperationEvent = record.into();
+                    self.append_events(view, vec![event]).await?;
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn delay(&self, view: &View, retry_after: Option<Duration>) -> TimeDelta {
+        let delay = self.inner.options.backoff.delay(
+            &view.received.operation_id.to_string(),
+            view.state.claims,
+            retry_after,
+        );
+        TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX)
+    }
+
+    /// Reads an operation's stream.
+    pub(crate) async fn load(&self, stream: StreamId) -> Result<View, StepError> {
+        let recorded = self.inner.store.read_stream(&stream, 1, usize::MAX).await?;
+        let mut state = Operation::default();
+        let mut received = None;
+        let mut ending = None;
+        for event in &recorded {
+            let event = OperationEvent::from_stored(
+                &event.event_type,
+                event.schema_version,
+                &event.payload,
+            )
+            .map_err(|source| LedgerError::Decode {
+                stream: stream.to_string(),
+                source,
+            })?;
+            match &event {
+                OperationEvent::Received(r) if received.is_none() => received = Some(r.clone()),
+                OperationEvent::Confirmed(_)
+                | OperationEvent::Failed(_)
+                | OperationEvent::Reconciled(_) => ending = Some(event.clone()),
+                _ => {}
+            }
+            state = evolve(state, &event);
+        }
+        let received = received.ok_or_else(|| StepError::NotAnOperation(stream.to_string()))?;
+        Ok(View {
+            stream,
+            state,
+            received,
+            ending,
+        })
+    }
+
+    /// Decides `command` on the view's state and appends the result at the version read.
+    pub(crate) async fn append(
+        &self,
+        view: &mut View,
+        command: OperationCommand,
+    ) -> Result<Appended, StepError> {
+        let now = self.inner.clock.now();
+        match decide(&view.state, &command, now) {
+            Ok(events) if events.is_empty() => Ok(Appended::Done),
+            Ok(events) => self.append_events(view, events).await,
+            Err(rejection) => Ok(Appended::Refused(rejection)),
+        }
+    }
+
+    async fn append_events(
+        &self,
+        view: &mut View,
+        events: Vec<OperationEvent>,
+    ) -> Result<Appended, StepError> {
+        let metadata = EventMetadata {
+            causation: Causation::Worker {
+                worker: self.inner.options.id.clone(),
+            },
+            correlation: delivery_stream(&view.received.bot, view.received.update_id).ok(),
+        };
+        let append = request(
+            view.stream.clone(),
+            expected(view.state.version),
+            &events,
+            &metadata,
+        )?;
+        match self.inner.store.append(vec![append]).await {
+            Ok(_) => {
+                for event in &events {
+                    if matches!(
+                        event,
+                        OperationEvent::Confirmed(_)
+                            | OperationEvent::Failed(_)
+                            | OperationEvent::Reconciled(_)
+                    ) {
+                        view.ending = Some(event.clone());
+                    }
+                    view.state = evolve(std::mem::take(&mut view.state), event);
+                }
+                Ok(Appended::Done)
+            }
+            Err(StoreError::VersionConflict { .. }) => Ok(Appended::Lost),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        self.inner.clock.now()
+    }
+}
+
+impl Inner {
+    fn take(&self, operation_id: &str) -> bool {
+        {
+            let mut resting = self
+                .resting
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let now = tokio::time::Instant::now();
+            match resting.get(operation_id) {
+                Some(until) if *until > now => return false,
+                Some(_) => {
+                    resting.remove(operation_id);
+                }
+                None => {}
+            }
+        }
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(operation_id.to_owned())
+    }
+
+    /// Leaves an operation alone for `pause`.
+    fn rest(&self, operation_id: &str, pause: Duration) {
+        let mut resting = self
+            .resting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = tokio::time::Instant::now();
+        if resting.len() > 10_000 {
+            resting.retain(|_, until| *until > now);
+        }
+        resting.insert(operation_id.to_owned(), now + pause);
+    }
+
+    fn release(&self, operation_id: &str) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(operation_id);
+    }
+}
+
+/// Orders a page of due operations by a hash of this worker's id and the operation, so that
+/// workers sharing a ledger start on different operations instead of racing for the same one.
+fn spread(worker: &str, rows: &mut [OperationStatusRow]) {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    rows.sort_by_cached_key(|row| {
+        let mut hasher = DefaultHasher::new();
+        worker.hash(&mut hasher);
+        row.operation_id.hash(&mut hasher);
+        hasher.finish()
+    });
+}
+
+/// The top-level answer fields an action's confirmed reply uses.
+fn result_fields(action: &ActionConfig) -> Vec<String> {
+    let mut fields: Vec<String> = action
+        .reply
+        .confirmed
+        .placeholders()
+        .filter_map(|p| match p {
+            ReplyPlaceholder::Result(path) => path.split('.').next().map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    fields.sort();
+    fields.dedup();
+    fields
+}
+
+fn effect_request(view: &View) -> EffectRequest {
+    let received = &view.received;
+    EffectRequest {
+        operation_id: received.operation_id.to_string(),
+        action: received.action.clone(),
+        business_key: received.business_key.clone(),
+        params: received.params.clone(),
+        chat_id: received.chat_id,
+        user_id: received.user_id,
+        attempt: view.state.claims,
+    }
+}
+
+fn confirm(success: Success, via: ConfirmedVia) -> OperationCommand {
+    OperationCommand::Confirm(Confirmed {
+        external_id: success.external_id,
+        result: success.result,
+        response_digest: success.response_digest,
+        via,
+    })
+}
+
+/// A command's outcome in words, for a recorded refusal.
+fn describe(command: &OperationCommand) -> String {
+    match command {
+        OperationCommand::Confirm(c) => format!(
+            "confirmed via {:?}, external id {}",
+            c.via,
+            c.external_id.as_deref().unwrap_or("none")
+        ),
+        OperationCommand::Fail { reason } => format!("failed: {reason}"),
+        OperationCommand::ScheduleRetry { reason, .. } => format!("retry: {reason}"),
+        OperationCommand::MarkForReconciliation { reason } => {
+            format!("needs reconciliation: {reason}")
+        }
+        other => other.kind().as_str().to_owned(),
+    }
+}

@@ -1,0 +1,176 @@
+//! A real `opledger` process for black-box tests: a clean environment, its output captured as
+//! it comes, waits for lines and for its end, SIGTERM, and no process left behind.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::support::opledger_bin;
+
+/// How long a condition may take before the test fails.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The real binary with a clean environment (so the developer's own `OPLEDGER_*` variables
+/// cannot leak in) plus `env`.
+pub(crate) fn opledger(env: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(opledger_bin());
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().copied());
+    command
+}
+
+/// Runs a command to completion off the async runtime, which serves the fake Bot API meanwhile.
+pub(crate) async fn run(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().expect("run opledger"))
+        .await
+        .expect("the command's thread")
+}
+
+/// Writes `text` as a configuration file in `dir`.
+pub(crate) fn write_config(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write the configuration");
+    path
+}
+
+/// A running `opledger serve` whose stdout and stderr are captured as they come.
+pub(crate) struct Serving {
+    child: Child,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+/// Copies a child's stream into `sink`, line by line, until it closes.
+fn capture(stream: impl Read + Send + 'static, sink: Arc<Mutex<String>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut line = Vec::new();
+        while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
+            sink.lock()
+                .expect("not poisoned")
+                .push_str(&String::from_utf8_lossy(&line));
+            line.clear();
+        }
+    })
+}
+
+impl Serving {
+    pub(crate) fn start(mut command: Command) -> Serving {
+        let mut child = command
+            .arg("serve")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start opledger serve");
+        let (stdout, stderr) = (Arc::default(), Arc::default());
+        let readers = vec![
+            capture(child.stdout.take().expect("piped"), Arc::clone(&stdout)),
+            capture(child.stderr.take().expect("piped"), Arc::clone(&stderr)),
+        ];
+        Serving {
+            child,
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+
+    pub(crate) fn stdout(&self) -> String {
+        self.stdout.lock().expect("not poisoned").clone()
+    }
+
+    pub(crate) fn stderr(&self) -> String {
+        self.stderr.lock().expect("not poisoned").clone()
+    }
+
+    /// Waits for a stdout line containing `needle`; `Err` with the exit status if the process
+    /// ended first.
+    pub(crate) async fn line(&mut self, needle: &str) -> Result<String, ExitStatus> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(line) = self.stdout().lines().find(|l| l.contains(needle)) {
+                return Ok(line.to_owned());
+            }
+            if let Some(status) = self.child.try_wait().expect("the child's status") {
+                // Let the readers drain what the process wrote before it ended.
+                for reader in std::mem::take(&mut self.readers) {
+                    reader.join().expect("a reader thread");
+                }
+                if let Some(line) = self.stdout().lines().find(|l| l.contains(needle)) {
+                    return Ok(line.to_owned());
+                }
+                return Err(status);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for `{needle}` on stdout; stdout: {}\nstderr: {}",
+                self.stdout(),
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The address from "opledger is serving on http://ADDRESS with the ledger ...".
+    pub(crate) async fn address(&mut self) -> SocketAddr {
+        let line = self
+            .line("opledger is serving on http://")
+            .await
+            .unwrap_or_else(|status| panic!("serve ended with {status}: {}", self.stderr()));
+        line.split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|address| address.parse().ok())
+            .unwrap_or_else(|| panic!("no address in `{line}`"))
+    }
+
+    /// Sends SIGTERM and waits for the process to end; its output is complete afterwards.
+    pub(crate) async fn terminate(&mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid}");
+        self.exit().await
+    }
+
+    /// Waits for the process to end (by itself, e.g. aborted at a crash point, or after a
+    /// signal); its output is complete afterwards.
+    pub(crate) async fn exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("the child's status") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the process did not end; stderr: {}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        for reader in std::mem::take(&mut self.readers) {
+            reader.join().expect("a reader thread");
+        }
+        status
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        // A failing test must not leave its service running.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

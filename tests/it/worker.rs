@@ -1,0 +1,810 @@
+//! The worker in-process on both backends: updates enter through the real webhook, the worker
+//! (built as `opledger serve` builds it, on the service's manual clock) calls a fake service on
+//! loopback and replies through a fake Bot API. Each test drives one path of the effector's
+//! classification, the lease-expiry sweep, or a race, and checks the ledger and what the
+//! service saw.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use std::sync::Arc;
+
+use chrono::{TimeDelta, Utc};
+use opledger_config::Config;
+use opledger_domain::operation::{OperationCommand, decide};
+use opledger_domain::{Causation, EventMetadata, Operation};
+use opledger_ledger::{expected, load, request};
+use opledger_projections::operation_status::{self, Filter, OperationStatusRow};
+use opledger_server::{Clock, ManualClock};
+use opledger_store::{EventStore, StreamId};
+use opledger_worker::{Backoff, Worker, WorkerOptions};
+use serde_json::Value;
+
+use crate::support::app::{Backend, Ledger, TOKEN, TestApp, message_from, on_both_backends};
+use crate::support::fake_service::{Behaviour, FakeService, LookupMode};
+use crate::support::fake_telegram::FakeTelegram;
+
+/// How the test's coupon action calls the service.
+#[derive(Clone, Copy)]
+struct Effector {
+    honours_key: bool,
+    lookup: bool,
+    timeout_ms: u64,
+    max_attempts: u32,
+}
+
+impl Default for Effector {
+    fn default() -> Self {
+        Effector {
+            honours_key: false,
+            lookup: false,
+            timeout_ms: 300,
+            max_attempts: 5,
+        }
+    }
+}
+
+struct World {
+    _ledger: Ledger,
+    app: TestApp,
+    service: FakeService,
+    telegram: FakeTelegram,
+    config: Config,
+}
+
+impl World {
+    async fn start(backend: Backend, effector: Effector) -> Option<World> {
+        let service = FakeService::start(effector.honours_key).await;
+        Self::start_with(backend, effector, service, None).await
+    }
+
+    /// A world whose effector URL is `url` instead of the fake service's.
+    async fn start_with(
+        backend: Backend,
+        effector: Effector,
+        service: FakeService,
+        url: Option<String>,
+    ) -> Option<World> {
+        let ledger = Ledger::create(backend).await?;
+        let telegram = FakeTelegram::start(TOKEN).await;
+        let lookup = if effector.lookup {
+            format!("lookup_url = \"{}\"\n", service.lookup_url())
+        } else {
+            String::new()
+        };
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\
+             [[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_TOKEN\"\n\
+             webhook_secret_env = \"SHOP_SECRET\"\napi_base_url = \"{api}\"\n\
+             [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
+             params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n\
+             [actions.effector]\nurl = \"{url}\"\ntimeout_ms = {timeout}\n\
+             honours_idempotency_key = {honours}\nmax_attempts = {attempts}\n{lookup}\
+             [actions.reply]\nconfirmed = \"Your coupon: {{result.code}}\"\n\
+             failed = \"Sorry: {{error}}\"\n",
+            api = telegram.base_url(),
+            url = url.unwrap_or_else(|| service.url()),
+            timeout = effector.timeout_ms,
+            honours = effector.honours_key,
+            attempts = effector.max_attempts,
+        );
+        let env: HashMap<&str, &str> = HashMap::from([
+            ("SHOP_TOKEN", TOKEN),
+            ("SHOP_SECRET", crate::support::app::SECRET),
+        ]);
+        let config = Config::parse(&text, &|name| env.get(name).map(|v| (*v).to_owned()))
+            .expect("test config");
+        // Due times start from the database's clock (`recorded_at`), so the manual clock starts
+        // a little ahead of the real one and moves only when a test says.
+        let clock = Arc::new(ManualClock::new(Utc::now() + TimeDelta::seconds(5)));
+        let app = TestApp::spawn_with_clock(&ledger, &config, clock).await;
+        Some(World {
+            _ledger: ledger,
+            app,
+            service,
+            telegram,
+            config,
+        })
+    }
+
+    fn worker(&self, id: &str, concurrency: usize) -> Worker {
+        self.worker_on(id, concurrency, self.app.clock.clone())
+    }
+
+    fn worker_on(&self, id: &str, concurrency: usize, clock: Arc<dyn Clock>) -> Worker {
+        let mut options = WorkerOptions::new(id);
+        options.concurrency = concurrency;
+        options.backoff = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(60),
+        };
+        options.lease_margin = Duration::from_secs(5);
+        options.reply_interval = Duration::from_millis(1);
+        Worker::new(&self.config, self.app.store.clone(), clock, options).expect("build the worker")
+    }
+
+    /// `/coupon <campaign>` from `user`, delivered through the webhook.
+    async fn ask(&self, update_id: i64, user: i64, campaign: &str) {
+        let body = message_from(
+            update_id,
+            1_790_000_000,
+            user,
+            &format!("/coupon {campaign}"),
+        );
+        let response = self.app.deliver(body).await;
+        assert_eq!(response.status(), 200, "the update is acknowledged");
+    }
+
+    async fn operations(&self) -> Vec<OperationStatusRow> {
+        operation_status::list(
+            self.app.store.reader(),
+            &Filter {
+                limit: 10_000,
+                ..Filter::default()
+            },
+        )
+        .await
+        .expect("read operation_status")
+    }
+
+    async fn only_operation(&self) -> OperationStatusRow {
+        let mut rows = self.operations().await;
+        assert_eq!(rows.len(), 1, "one operation: {rows:#?}");
+        rows.remove(0)
+    }
+
+    /// The event types of an operation's stream, in order.
+    async fn history(&self, row: &OperationStatusRow) -> Vec<String> {
+        self.stream_events(row)
+            .await
+            .into_iter()
+            .map(|(event_type, _)| event_type)
+            .collect()
+    }
+
+    async fn stream_events(&self, row: &OperationStatusRow) -> Vec<(String, Value)> {
+        let stream = StreamId::new(row.stream_id.clone()).expect("stream id");
+        self.app
+            .store
+            .read_stream(&stream, 1, 1000)
+            .await
+            .expect("read the stream")
+            .into_iter()
+            .map(|e| {
+                let payload: Value = serde_json::from_slice(&e.payload).expect("payload");
+                (e.event_type, payload)
+            })
+            .collect()
+    }
+
+    fn advance(&self, seconds: i64) {
+        self.app.clock.advance(TimeDelta::seconds(seconds));
+    }
+
+    /// Appends what a worker that then died would have appended: `commands`, as `ghost`.
+    async fn ghost(&self, row: &OperationStatusRow, commands: Vec<OperationCommand>) {
+        let stream = StreamId::new(row.stream_id.clone()).expect("stream id");
+        let metadata = EventMetadata::caused_by(Causation::Worker {
+            worker: "ghost".to_owned(),
+        });
+        for command in commands {
+            let state: Operation = load(&self.app.store, &stream).await.expect("load");
+            let events =
+                decide(&state, &command, self.app.clock.now()).expect("the ghost's command");
+            let append = request(stream.clone(), expected(state.version), &events, &metadata)
+                .expect("request");
+            self.app.store.append(vec![append]).await.expect("append");
+        }
+    }
+
+    async fn stop(self) {
+        self.app.stop().await;
+    }
+}
+
+fn ghost_claim(world: &World, lease_secs: i64) -> OperationCommand {
+    OperationCommand::Claim {
+        worker: "ghost".to_owned(),
+        lease_until: world.app.clock.now() + TimeDelta::seconds(lease_secs),
+    }
+}
+
+on_both_backends!(
+    a_confirmed_call_is_sent_once_with_the_operation_id_and_replied,
+    a_refusal_fails_at_once_and_is_never_retried,
+    nothing_sent_is_retried_with_backoff_then_given_up,
+    overload_is_retried_no_earlier_than_retry_after,
+    an_unknown_outcome_is_retried_only_with_a_key_the_service_honours,
+    an_unknown_outcome_is_confirmed_by_lookup,
+    a_lookup_that_finds_nothing_retries_with_the_same_operation_id,
+    an_unknown_outcome_without_key_or_lookup_goes_to_a_person,
+    a_failing_lookup_goes_to_a_person,
+    an_expired_claim_with_nothing_sent_is_claimed_again,
+    an_expired_claim_after_the_call_was_sent_is_never_called_again,
+    racing_workers_claim_each_operation_once,
+    a_reply_refused_by_flood_control_waits_for_retry_after,
+    a_reply_whose_sender_died_is_never_sent_again,
+    a_failed_operation_is_replied_with_the_failure,
+);
+
+async fn a_confirmed_call_is_sent_once_with_the_operation_id_and_replied(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 2);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "confirmed");
+    assert_eq!(row.external_id.as_deref(), Some("cpn_1"));
+    assert_eq!(
+        world.service.requests(),
+        HashMap::from([(row.operation_id.clone(), 1)]),
+        "one request, keyed by the operation id"
+    );
+    let body = world.service.body(&row.operation_id).expect("a JSON body");
+    assert_eq!(body["operation_id"], row.operation_id);
+    assert_eq!(body["action"], "coupon");
+    assert_eq!(body["business_key"], "spring:7");
+    assert_eq!(body["params"]["campaign"], "spring");
+    assert_eq!(body["chat_id"], 7);
+    assert_eq!(body["user_id"], 7);
+
+    worker.run_due().await.expect("reply");
+    let sent = world.telegram.calls("sendMessage");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["chat_id"], 7);
+    assert_eq!(sent[0]["text"], "Your coupon: SAVE-1");
+    assert_eq!(
+        world.history(&world.only_operation().await).await,
+        [
+            "Received",
+            "Claimed",
+            "ExternalCallSent",
+            "Confirmed",
+            "ReplyStarted",
+            "ReplySent"
+        ]
+    );
+    // Nothing is left to do: more rounds call nothing and send nothing.
+    world.advance(3600);
+    worker.run_due().await.expect("idle");
+    assert_eq!(world.service.total_requests(), 1);
+    assert_eq!(world.telegram.calls("sendMessage").len(), 1);
+    let events = world.stream_events(&row).await;
+    let confirmed = &events[3].1;
+    assert_eq!(confirmed["via"], "response");
+    assert_eq!(confirmed["result"]["code"], "SAVE-1");
+    assert_eq!(
+        confirmed["response_digest"].as_str().map(str::len),
+        Some(64),
+        "the answer's digest is kept"
+    );
+    world.stop().await;
+}
+
+async fn a_refusal_fails_at_once_and_is_never_retried(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.service.script([Behaviour::Refuse {
+        status: 422,
+        retry_after: None,
+    }]);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "failed");
+    world.advance(3600);
+    worker.run_due().await.expect("work");
+    worker.run_due().await.expect("work");
+    assert_eq!(world.service.total_requests(), 1, "a 4xx is never retried");
+    assert_eq!(
+        world.history(&row).await[..4],
+        ["Received", "Claimed", "ExternalCallSent", "Failed"]
+    );
+    world.stop().await;
+}
+
+async fn nothing_sent_is_retried_with_backoff_then_given_up(backend: Backend) {
+    // A port nobody listens on: every connection is refused, so nothing is ever sent.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address")
+    };
+    let service = FakeService::start(false).await;
+    let effector = Effector {
+        max_attempts: 3,
+        ..Effector::default()
+    };
+    let url = Some(format!("http://{closed}/coupons"));
+    let Some(world) = World::start_with(backend, effector, service, url).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "retry_scheduled");
+    let first_due = row.due_at.expect("a retry time");
+    let delay = first_due - world.app.clock.now();
+    assert!(
+        delay >= TimeDelta::milliseconds(500) && delay <= TimeDelta::seconds(1),
+        "first backoff within [base/2, base]: {delay}"
+    );
+    // Not due yet: nothing happens.
+    worker.run_due().await.expect("work");
+    assert_eq!(world.only_operation().await.attempts, 1);
+    world.advance(60);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!((row.status.as_str(), row.attempts), ("retry_scheduled", 2));
+    world.advance(60);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "failed", "{row:?}");
+    assert!(
+        row.last_error.as_deref().is_some_and(
+            |e| e.contains("gave up after 3 attempts") && e.contains("nothing was sent")
+        ),
+        "{:?}",
+        row.last_error
+    );
+    world.stop().await;
+}
+
+async fn overload_is_retried_no_earlier_than_retry_after(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.service.script([Behaviour::Refuse {
+        status: 429,
+        retry_after: Some(30),
+    }]);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "retry_scheduled");
+    world.advance(20);
+    worker.run_due().await.expect("work");
+    assert_eq!(world.service.total_requests(), 1, "Retry-After is honoured");
+    world.advance(11);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "confirmed");
+    assert_eq!(world.service.creations().values().sum::<usize>(), 1);
+    world.stop().await;
+}
+
+async fn an_unknown_outcome_is_retried_only_with_a_key_the_service_honours(backend: Backend) {
+    let effector = Effector {
+        honours_key: true,
+        ..Effector::default()
+    };
+    let Some(world) = World::start(backend, effector).await else {
+        return;
+    };
+    world
+        .service
+        .script([Behaviour::CreateThenHang(Duration::from_secs(3))]);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "retry_scheduled", "{row:?}");
+    let events = world.stream_events(&row).await;
+    assert_eq!(events[3].0, "RetryScheduled");
+    assert_eq!(events[3].1["same_key"], true);
+    world.advance(60);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "confirmed");
+    assert_eq!(
+        world.service.requests(),
+        HashMap::from([(row.operation_id.clone(), 2)]),
+        "the retry carried the same key"
+    );
+    assert_eq!(
+        world.service.creations(),
+        HashMap::from([(row.operation_id.clone(), 1)]),
+        "one effective creation"
+    );
+    world.stop().await;
+}
+
+async fn an_unknown_outcome_is_confirmed_by_lookup(backend: Backend) {
+    let effector = Effector {
+        lookup: true,
+        ..Effector::default()
+    };
+    let Some(world) = World::start(backend, effector).await else {
+        return;
+    };
+    world
+        .service
+        .script([Behaviour::CreateThenHang(Duration::from_secs(3))]);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "confirmed");
+    assert_eq!(row.external_id.as_deref(), Some("cpn_1"));
+    assert_eq!(world.service.total_requests(), 1, "never a second POST");
+    assert_eq!(world.service.lookups(), 1);
+    let events = world.stream_events(&row).await;
+    assert_eq!(events[3].0, "Confirmed");
+    assert_eq!(events[3].1["via"], "lookup");
+    world.stop().await;
+}
+
+async fn a_lookup_that_finds_nothing_retries_with_the_same_operation_id(backend: Backend) {
+    let effector = Effector {
+        lookup: true,
+        ..Effector::default()
+    };
+    let Some(world) = World::start(backend, effector).await else {
+        return;
+    };
+    world
+        .service
+        .script([Behaviour::Hang(Duration::from_secs(3))]);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "retry_scheduled");
+    world.advance(60);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "confirmed");
+    assert_eq!(
+        world.service.requests(),
+        HashMap::from([(row.operation_id.clone(), 2)])
+    );
+    assert_eq!(world.service.creations().values().sum::<usize>(), 1);
+    world.stop().await;
+}
+
+async fn an_unknown_outcome_without_key_or_lookup_goes_to_a_person(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.service.script([Behaviour::CreateThenFail(500)]);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "needs_reconciliation");
+    assert!(
+        row.last_error.as_deref().is_some_and(|e| e.contains("500")),
+        "{:?}",
+        row.last_error
+    );
+    world.advance(24 * 3600);
+    worker.run_due().await.expect("work");
+    assert_eq!(world.service.total_requests(), 1, "never repeated blindly");
+    assert!(
+        world.telegram.calls("sendMessage").is_empty(),
+        "no reply yet"
+    );
+    world.stop().await;
+}
+
+async fn a_failing_lookup_goes_to_a_person(backend: Backend) {
+    let effector = Effector {
+        lookup: true,
+        ..Effector::default()
+    };
+    let Some(world) = World::start(backend, effector).await else {
+        return;
+    };
+    world.service.set_lookup(LookupMode::Broken);
+    world
+        .service
+        .script([Behaviour::CreateThenHang(Duration::from_secs(3))]);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "needs_reconciliation");
+    assert_eq!(world.service.total_requests(), 1);
+    assert_eq!(world.service.lookups(), 1);
+    world.stop().await;
+}
+
+async fn an_expired_claim_with_nothing_sent_is_claimed_again(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    let row = world.only_operation().await;
+    world.ghost(&row, vec![ghost_claim(&world, 30)]).await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    assert_eq!(world.service.total_requests(), 0, "the ghost's lease holds");
+    world.advance(31);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!((row.status.as_str(), row.attempts), ("confirmed", 2));
+    assert_eq!(world.service.total_requests(), 1);
+    world.stop().await;
+}
+
+async fn an_expired_claim_after_the_call_was_sent_is_never_called_again(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    let row = world.only_operation().await;
+    world
+        .ghost(
+            &row,
+            vec![
+                ghost_claim(&world, 30),
+                OperationCommand::RecordCallSent {
+                    worker: "ghost".to_owned(),
+                },
+            ],
+        )
+        .await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("work");
+    assert_eq!(world.only_operation().await.status, "call_sent");
+    world.advance(31);
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "needs_reconciliation");
+    assert_eq!(world.service.total_requests(), 0, "no blind repeat");
+    world.stop().await;
+}
+
+async fn racing_workers_claim_each_operation_once(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    for user in 1..=40 {
+        world.ask(user, user, "race").await;
+    }
+    let a = world.worker("a", 8);
+    let b = world.worker("b", 8);
+    let (ra, rb) = tokio::join!(a.run_due(), b.run_due());
+    ra.expect("a works");
+    rb.expect("b works");
+    // Whatever one worker lost, the next round finishes.
+    a.run_due().await.expect("a works");
+    let rows = world.operations().await;
+    assert_eq!(rows.len(), 40);
+    for row in &rows {
+        assert_eq!(row.status, "confirmed", "{row:?}");
+        let claims = world
+            .history(row)
+            .await
+            .iter()
+            .filter(|t| *t == "Claimed")
+            .count();
+        assert_eq!(claims, 1, "one claim per operation: {row:?}");
+    }
+    assert!(world.service.requests().values().all(|n| *n == 1));
+    assert_eq!(world.service.total_requests(), 40);
+    world.stop().await;
+}
+
+async fn a_reply_refused_by_flood_control_waits_for_retry_after(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.telegram.script_send_message_retry_after(5);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("call");
+    worker.run_due().await.expect("reply refused");
+    let row = world.only_operation().await;
+    assert_eq!(row.reply, "retry_scheduled");
+    world.advance(3);
+    worker.run_due().await.expect("too early");
+    assert_eq!(world.telegram.calls("sendMessage").len(), 1);
+    world.advance(3);
+    worker.run_due().await.expect("reply");
+    assert_eq!(world.only_operation().await.reply, "sent");
+    assert_eq!(world.telegram.calls("sendMessage").len(), 2);
+    world.stop().await;
+}
+
+async fn a_reply_whose_sender_died_is_never_sent_again(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("call");
+    let row = world.only_operation().await;
+    world.ghost(&row, vec![OperationCommand::StartReply]).await;
+    worker.run_due().await.expect("in flight elsewhere");
+    assert!(world.telegram.calls("sendMessage").is_empty());
+    world.advance(61);
+    worker.run_due().await.expect("sweep");
+    let row = world.only_operation().await;
+    assert_eq!(row.reply, "unknown");
+    world.advance(3600);
+    worker.run_due().await.expect("idle");
+    assert!(
+        world.telegram.calls("sendMessage").is_empty(),
+        "a reply that may have arrived is never sent again"
+    );
+    world.stop().await;
+}
+
+async fn a_failed_operation_is_replied_with_the_failure(backend: Backend) {
+    let Some(world) = World::start(backend, Effector::default()).await else {
+        return;
+    };
+    world.service.script([Behaviour::Refuse {
+        status: 409,
+        retry_after: None,
+    }]);
+    world.ask(1, 7, "spring").await;
+    let worker = world.worker("w1", 1);
+    worker.run_due().await.expect("call");
+    worker.run_due().await.expect("reply");
+    let sent = world.telegram.calls("sendMessage");
+    assert_eq!(sent.len(), 1);
+    let text = sent[0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with("Sorry: ") && text.contains("409"),
+        "{text}"
+    );
+    world.stop().await;
+}
+
+/// How many operations the concurrency tests carry out.
+const MANY: i64 = 1000;
+
+/// Records `/coupon bulk` from `MANY` users straight through the intake.
+async fn ask_many(world: &World) {
+    for user in 1..=MANY {
+        let update = message_from(user, 1_790_000_000, user, "/coupon bulk");
+        world
+            .app
+            .intake()
+            .record("shop", &update)
+            .await
+            .expect("record the update");
+    }
+}
+
+/// Waits until every operation is confirmed.
+async fn all_confirmed(world: &World) -> Vec<OperationStatusRow> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let rows = world.operations().await;
+        if rows.len() == usize::try_from(MANY).unwrap()
+            && rows.iter().all(|r| r.status == "confirmed")
+        {
+            return rows;
+        }
+        let pending: Vec<_> = rows
+            .iter()
+            .filter(|r| r.status != "confirmed")
+            .take(3)
+            .collect();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {MANY} operations, some not confirmed: {pending:#?}",
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every operation has exactly one effective creation at the service.
+fn assert_one_creation_each(world: &World, rows: &[OperationStatusRow]) {
+    let creations = world.service.creations();
+    for row in rows {
+        assert_eq!(
+            creations.get(&row.operation_id),
+            Some(&1),
+            "one creation for {}",
+            row.operation_id
+        );
+    }
+    assert_eq!(creations.len(), rows.len(), "no creation under another key");
+}
+
+/// Four worker tasks in one process on SQLite, with the real clock and transient refusals
+/// (503s, retried with backoff) mixed in: every operation ends confirmed, created once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_worker_tasks_on_sqlite_carry_out_a_thousand_operations_once() {
+    let Some(world) = World::start(Backend::Sqlite, Effector::default()).await else {
+        return;
+    };
+    world.service.script((0..50).map(|_| Behaviour::Refuse {
+        status: 503,
+        retry_after: None,
+    }));
+    ask_many(&world).await;
+    let worker = world.worker_on("solo", 4, Arc::new(opledger_server::SystemClock));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    let rows = all_confirmed(&world).await;
+    let _ = stop.send(());
+    running.await.expect("the worker stops");
+    assert_one_creation_each(&world, &rows);
+    assert_eq!(
+        world.service.total_requests(),
+        rows.len() + 50,
+        "one request per operation plus one per refusal"
+    );
+    world.stop().await;
+}
+
+/// Two `opledger worker` processes on one PostgreSQL ledger: every operation ends confirmed,
+/// created once, whichever process took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_worker_processes_on_postgres_carry_out_a_thousand_operations_once() {
+    use crate::support::serving::{opledger, write_config};
+    let Some(world) = World::start(Backend::Postgres, Effector::default()).await else {
+        return;
+    };
+    ask_many(&world).await;
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = write_config(
+        dir.path(),
+        "opledger.toml",
+        &format!(
+            "[storage]\nurl = \"{ledger}\"\n\
+             [[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_TOKEN\"\n\
+             webhook_secret_env = \"SHOP_SECRET\"\napi_base_url = \"{api}\"\n\
+             [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
+             params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n\
+             [actions.effector]\nurl = \"{url}\"\ntimeout_ms = 2000\n",
+            ledger = world._ledger.url(),
+            api = world.telegram.base_url(),
+            url = world.service.url(),
+        ),
+    );
+    let config = config.to_str().expect("a UTF-8 path").to_owned();
+    let env = [
+        ("OPLEDGER_CONFIG", config.as_str()),
+        ("SHOP_TOKEN", TOKEN),
+        ("SHOP_SECRET", crate::support::app::SECRET),
+        ("OPLEDGER_TEST_WORKER_MS", "50"),
+    ];
+    let spawn = |id: &str| {
+        opledger(&env)
+            .args([
+                "worker",
+                "--worker-concurrency",
+                "4",
+                "--no-replies",
+                "--worker-id",
+                id,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start opledger worker")
+    };
+    let mut processes = [spawn("p1"), spawn("p2")];
+    let rows = all_confirmed(&world).await;
+    for process in &mut processes {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &process.id().to_string()])
+            .status();
+        let status = process.wait().expect("the worker ends");
+        assert!(
+            status.success(),
+            "a worker stops cleanly on SIGTERM: {status}"
+        );
+    }
+    assert_one_creation_each(&world, &rows);
+    assert_eq!(world.service.total_requests(), rows.len());
+    world.stop().await;
+}
