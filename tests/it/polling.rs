@@ -396,3 +396,25 @@ async fn help_in_poll_mode_is_answered_with_send_message() {
     );
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_polled_click_is_answered_with_answer_callback_query() {
+    let ledger = Ledger::create(Backend::Sqlite).await.expect("SQLite");
+    let fake = FakeTelegram::start(TOKEN).await;
+    let app = TestApp::spawn(&ledger, &poll_config(&fake, COUPON)).await;
+    // A button of another bot's making: recorded, starts nothing, and still answered so that
+    // the button stops spinning.
+    fake.push_update(crate::support::app::click(5_000, 42, "not-ours"));
+    wait_for("the click's answer", || async {
+        fake.calls("answerCallbackQuery").len() == 1
+    })
+    .await;
+    let answered = &fake.calls("answerCallbackQuery")[0];
+    assert_eq!(answered["callback_query_id"], "cb5000");
+    assert!(
+        fake.calls("sendMessage").is_empty(),
+        "a click is not answered by message"
+    );
+    assert_eq!(received_ids(&app.store).await, [5_000]);
+    app.stop().await;
+}

@@ -23,7 +23,9 @@
 //! Knobs (environment): `OPS` (operations per run, default 5000), `CONCURRENCY` (comma- or
 //! space-separated, default `1,8,32`), `BACKENDS` (or `OPLEDGER_BENCH_BACKENDS`, default
 //! `sqlite,postgres`), `OPLEDGER_BENCH_PG_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/postgres`), `OPLEDGER_BENCH_STALL_SECONDS` (default 60).
+//! `postgres://postgres@127.0.0.1:5432/postgres`), `OPLEDGER_BENCH_STALL_SECONDS` (default 60),
+//! `OPLEDGER_BENCH_PHASED=1` (a diagnostic: record every update first, then start the worker and
+//! time it alone; seconds is then intake plus worker).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -208,14 +210,35 @@ struct Measured {
     operations: u64,
     elapsed: Duration,
     intake: Duration,
+    /// With `OPLEDGER_BENCH_PHASED`: the worker alone, from its start until all are confirmed.
+    worker: Option<Duration>,
     events: i64,
     /// Receive → confirm per operation (database clock), p50 and p99.
     p50: Duration,
     p99: Duration,
 }
 
+/// Runs `worker` until `stopped` fires.
+fn spawn_worker(
+    (worker, stopped): (Worker, tokio::sync::oneshot::Receiver<()>),
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        worker
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await;
+    })
+}
+
 /// One measured run on a fresh ledger at `url`.
-async fn run(backend: &'static str, url: &str, concurrency: usize, operations: u64) -> Measured {
+async fn run(
+    backend: &'static str,
+    url: &str,
+    concurrency: usize,
+    operations: u64,
+    phased: bool,
+) -> Measured {
     let stall = Duration::from_secs(env_number("OPLEDGER_BENCH_STALL_SECONDS", 60));
     let service = FakeService::start().await;
     let config = config(service.addr);
@@ -232,13 +255,11 @@ async fn run(backend: &'static str, url: &str, concurrency: usize, operations: u
     let worker =
         Worker::new(&config, store.clone(), clock, worker_options).expect("build the worker");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        worker
-            .run(async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let mut idle = Some((worker, stopped));
+    let mut running = None;
+    if !phased {
+        running = idle.take().map(spawn_worker);
+    }
     let bodies: Arc<Vec<Vec<u8>>> = Arc::new((0..operations).map(update).collect());
 
     eprintln!("{backend}, concurrency {concurrency}: {operations} operations...");
@@ -268,6 +289,10 @@ async fn run(backend: &'static str, url: &str, concurrency: usize, operations: u
         sender.await.expect("intake task");
     }
     let intake_elapsed = started.elapsed();
+    let worker_started = Instant::now();
+    if let Some(worker) = idle.take() {
+        running = Some(spawn_worker(worker));
+    }
 
     let target = i64::try_from(operations).expect("operations fit in i64");
     let mut last = (0, Instant::now());
@@ -291,8 +316,11 @@ async fn run(backend: &'static str, url: &str, concurrency: usize, operations: u
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
+    let worker_elapsed = worker_started.elapsed();
     let _ = stop.send(());
-    running.await.expect("the worker stops");
+    if let Some(running) = running {
+        running.await.expect("the worker stops");
+    }
 
     // Every operation confirmed, exactly once each step, and exactly one request each.
     let statuses = statuses(&store).await;
@@ -351,6 +379,7 @@ async fn run(backend: &'static str, url: &str, concurrency: usize, operations: u
         operations,
         elapsed,
         intake: intake_elapsed,
+        worker: phased.then_some(worker_elapsed),
         events: events.values().sum(),
         p50: at(0.50),
         p99: at(0.99),
@@ -423,6 +452,7 @@ async fn main() {
         .filter(|c| *c > 0)
         .collect();
     let backends = env_text(&["BACKENDS", "OPLEDGER_BENCH_BACKENDS"], "sqlite,postgres");
+    let phased = env_number("OPLEDGER_BENCH_PHASED", 0) != 0;
     let admin = std::env::var("OPLEDGER_BENCH_PG_URL")
         .unwrap_or("postgres://postgres@127.0.0.1:5432/postgres".into());
 
@@ -431,14 +461,14 @@ async fn main() {
         for &c in &concurrencies {
             let dir = tempfile::tempdir().expect("temporary directory");
             let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-            results.push(run("SQLite", &url, c, operations).await);
+            results.push(run("SQLite", &url, c, operations, phased).await);
         }
     }
     if backends.contains("postgres") {
         for &c in &concurrencies {
             match ScratchDatabase::create(&admin, &c.to_string()).await {
                 Ok(database) => {
-                    results.push(run("PostgreSQL", &database.url, c, operations).await);
+                    results.push(run("PostgreSQL", &database.url, c, operations, phased).await);
                 }
                 Err(error) => {
                     println!("PostgreSQL skipped: cannot create a database on {admin}: {error}");
@@ -454,15 +484,21 @@ async fn main() {
          out by the worker against an instant HTTP service; C intake tasks and worker \
          concurrency C\n"
     );
+    if phased {
+        println!(
+            "phased (diagnostic): every update recorded first, then the worker started and timed \
+             alone; seconds = intake + worker\n"
+        );
+    }
     println!(
         "| backend | concurrency | operations | seconds | ops/s | intake s | intake ops/s | \
-         events | receive→confirm p50 ms | p99 ms |"
+         worker-alone ops/s | events | receive→confirm p50 ms | p99 ms |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for m in &results {
         let n = m.operations as f64;
         println!(
-            "| {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.0} | {} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.0} | {} | {} | {:.1} | {:.1} |",
             m.backend,
             m.concurrency,
             m.operations,
@@ -470,6 +506,8 @@ async fn main() {
             n / m.elapsed.as_secs_f64(),
             m.intake.as_secs_f64(),
             n / m.intake.as_secs_f64(),
+            m.worker
+                .map_or("-".to_owned(), |w| format!("{:.0}", n / w.as_secs_f64())),
             m.events,
             m.p50.as_secs_f64() * 1e3,
             m.p99.as_secs_f64() * 1e3,

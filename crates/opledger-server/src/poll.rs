@@ -79,8 +79,14 @@ impl Poller {
                     match self.state.intake.record(bot, &raw.bytes).await {
                         Ok(recorded) => {
                             self.state.count(&recorded);
-                            if let Some(answer) = self.state.answer(bot, &recorded).await {
-                                self.send(answer);
+                            let answer = self.state.answer(bot, &recorded).await;
+                            match crate::replies::callback_to_answer(&recorded, &raw.bytes) {
+                                Some(id) => self.answer_click(id, answer.map(|a| a.text)),
+                                None => {
+                                    if let Some(answer) = answer {
+                                        self.send(answer);
+                                    }
+                                }
                             }
                             break;
                         }
@@ -105,6 +111,21 @@ impl Poller {
         {
             tracing::warn!(bot, %error, "could not confirm the last polled batch; it will be fetched and deduplicated again");
         }
+    }
+
+    /// Answers a button click at once, best effort: it only stops the button's progress
+    /// indicator (with a notice when there is something to say).
+    fn answer_click(&self, callback_query_id: String, text: Option<String>) {
+        let api = self.api.clone();
+        let bot = self.bot.clone();
+        tokio::spawn(async move {
+            if let Err(error) = api
+                .answer_callback_query(&callback_query_id, text.as_deref())
+                .await
+            {
+                tracing::warn!(bot, %error, "could not answer a button click");
+            }
+        });
     }
 
     /// Sends a pure answer, best effort: it is recomputed if the user asks again.

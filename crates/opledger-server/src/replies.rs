@@ -65,6 +65,28 @@ pub async fn answer(
     }))
 }
 
+/// The id of the button click an update carries, when it is one that deserves an
+/// `answerCallbackQuery` (accepted or a duplicate; never a collision or a quarantined body).
+///
+/// Telegram shows a progress indicator on the button until the query is answered, so every
+/// click is answered at once, best effort, with the pure answer's text as a notice when there
+/// is one; the outcome reply comes from the worker.
+pub fn callback_to_answer(recorded: &Recorded, raw: &[u8]) -> Option<String> {
+    let kind_allows = match recorded {
+        Recorded::Accepted { kind, .. } => kind == "callback_query",
+        Recorded::Duplicate { .. } => true,
+        Recorded::Collision { .. } | Recorded::Quarantined { .. } => false,
+    };
+    if !kind_allows {
+        return None;
+    }
+    opledger_telegram::parse_update(raw)
+        .ok()
+        .and_then(|update| update.callback)
+        .map(|callback| callback.id)
+        .filter(|id| !id.is_empty())
+}
+
 /// `/help`: the bot's commands, from configuration.
 pub fn help(actions: &[&ActionConfig]) -> String {
     let mut lines = vec!["Commands:".to_owned()];

@@ -98,8 +98,21 @@ pub(crate) async fn receive(
     // Crash tests abort here: committed, not yet answered.
     opledger_ledger::failpoint::crash("intake-after-commit");
     state.count(&recorded);
-    // Pure answers ride on the response; if reading them fails, the update is recorded anyway.
-    match state.answer(&bot, &recorded).await {
+    // Pure answers ride on the response (Telegram runs the method it names): a click gets
+    // `answerCallbackQuery` with the answer as its notice, anything else `sendMessage`. If
+    // reading them fails, the update is recorded anyway.
+    let answer = state.answer(&bot, &recorded).await;
+    if let Some(callback_query_id) = crate::replies::callback_to_answer(&recorded, &body) {
+        let mut call = serde_json::json!({
+            "method": "answerCallbackQuery",
+            "callback_query_id": callback_query_id,
+        });
+        if let Some(answer) = answer {
+            call["text"] = answer.text.into();
+        }
+        return Json(call).into_response();
+    }
+    match answer {
         Some(answer) => Json(serde_json::json!({
             "method": "sendMessage",
             "chat_id": answer.chat_id,
