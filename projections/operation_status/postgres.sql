@@ -25,4 +25,8 @@ CREATE TABLE IF NOT EXISTS operation_status (
 );
 CREATE INDEX IF NOT EXISTS operation_status_due ON operation_status (due_at)
     WHERE due_at IS NOT NULL;
+-- The same queue without the terminal operations waiting only for their reply, for workers that
+-- send no replies (its predicate is repeated verbatim in the worker's query).
+CREATE INDEX IF NOT EXISTS operation_status_work_due ON operation_status (due_at)
+    WHERE due_at IS NOT NULL AND status NOT IN ('confirmed', 'failed', 'reconciled');
 CREATE INDEX IF NOT EXISTS operation_status_by_user ON operation_status (bot, user_id, updated_at);

@@ -17,7 +17,9 @@ use opledger_ledger::{expected, load, request};
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow};
 use opledger_server::{Clock, ManualClock};
 use opledger_store::{EventStore, StreamId};
-use opledger_worker::{Backoff, Worker, WorkerOptions};
+use opledger_worker::{
+    Backoff, CallOutcome, EffectRequest, Effector, LookupOutcome, Success, Worker, WorkerOptions,
+};
 use serde_json::Value;
 
 use crate::support::app::{Backend, Ledger, TOKEN, TestApp, message_from, on_both_backends};
@@ -26,16 +28,16 @@ use crate::support::fake_telegram::FakeTelegram;
 
 /// How the test's coupon action calls the service.
 #[derive(Clone, Copy)]
-struct Effector {
+struct Setup {
     honours_key: bool,
     lookup: bool,
     timeout_ms: u64,
     max_attempts: u32,
 }
 
-impl Default for Effector {
+impl Default for Setup {
     fn default() -> Self {
-        Effector {
+        Setup {
             honours_key: false,
             lookup: false,
             timeout_ms: 300,
@@ -53,7 +55,7 @@ struct World {
 }
 
 impl World {
-    async fn start(backend: Backend, effector: Effector) -> Option<World> {
+    async fn start(backend: Backend, effector: Setup) -> Option<World> {
         let service = FakeService::start(effector.honours_key).await;
         Self::start_with(backend, effector, service, None).await
     }
@@ -61,7 +63,7 @@ impl World {
     /// A world whose effector URL is `url` instead of the fake service's.
     async fn start_with(
         backend: Backend,
-        effector: Effector,
+        effector: Setup,
         service: FakeService,
         url: Option<String>,
     ) -> Option<World> {
@@ -112,6 +114,16 @@ impl World {
     }
 
     fn worker_on(&self, id: &str, concurrency: usize, clock: Arc<dyn Clock>) -> Worker {
+        self.worker_with(id, concurrency, clock, |_| {})
+    }
+
+    fn worker_with(
+        &self,
+        id: &str,
+        concurrency: usize,
+        clock: Arc<dyn Clock>,
+        tweak: impl FnOnce(&mut WorkerOptions),
+    ) -> Worker {
         let mut options = WorkerOptions::new(id);
         options.concurrency = concurrency;
         options.backoff = Backoff {
@@ -120,6 +132,7 @@ impl World {
         };
         options.lease_margin = Duration::from_secs(5);
         options.reply_interval = Duration::from_millis(1);
+        tweak(&mut options);
         Worker::new(&self.config, self.app.store.clone(), clock, options).expect("build the worker")
     }
 
@@ -222,13 +235,15 @@ on_both_backends!(
     an_expired_claim_with_nothing_sent_is_claimed_again,
     an_expired_claim_after_the_call_was_sent_is_never_called_again,
     racing_workers_claim_each_operation_once,
+    an_in_process_effector_follows_the_same_contract,
+    replies_to_one_chat_are_paced,
     a_reply_refused_by_flood_control_waits_for_retry_after,
     a_reply_whose_sender_died_is_never_sent_again,
     a_failed_operation_is_replied_with_the_failure,
 );
 
 async fn a_confirmed_call_is_sent_once_with_the_operation_id_and_replied(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.ask(1, 7, "spring").await;
@@ -284,7 +299,7 @@ async fn a_confirmed_call_is_sent_once_with_the_operation_id_and_replied(backend
 }
 
 async fn a_refusal_fails_at_once_and_is_never_retried(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.service.script([Behaviour::Refuse {
@@ -314,9 +329,9 @@ async fn nothing_sent_is_retried_with_backoff_then_given_up(backend: Backend) {
         listener.local_addr().expect("address")
     };
     let service = FakeService::start(false).await;
-    let effector = Effector {
+    let effector = Setup {
         max_attempts: 3,
-        ..Effector::default()
+        ..Setup::default()
     };
     let url = Some(format!("http://{closed}/coupons"));
     let Some(world) = World::start_with(backend, effector, service, url).await else {
@@ -355,7 +370,7 @@ async fn nothing_sent_is_retried_with_backoff_then_given_up(backend: Backend) {
 }
 
 async fn overload_is_retried_no_earlier_than_retry_after(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.service.script([Behaviour::Refuse {
@@ -379,9 +394,9 @@ async fn overload_is_retried_no_earlier_than_retry_after(backend: Backend) {
 }
 
 async fn an_unknown_outcome_is_retried_only_with_a_key_the_service_honours(backend: Backend) {
-    let effector = Effector {
+    let effector = Setup {
         honours_key: true,
-        ..Effector::default()
+        ..Setup::default()
     };
     let Some(world) = World::start(backend, effector).await else {
         return;
@@ -415,9 +430,9 @@ async fn an_unknown_outcome_is_retried_only_with_a_key_the_service_honours(backe
 }
 
 async fn an_unknown_outcome_is_confirmed_by_lookup(backend: Backend) {
-    let effector = Effector {
+    let effector = Setup {
         lookup: true,
-        ..Effector::default()
+        ..Setup::default()
     };
     let Some(world) = World::start(backend, effector).await else {
         return;
@@ -440,9 +455,9 @@ async fn an_unknown_outcome_is_confirmed_by_lookup(backend: Backend) {
 }
 
 async fn a_lookup_that_finds_nothing_retries_with_the_same_operation_id(backend: Backend) {
-    let effector = Effector {
+    let effector = Setup {
         lookup: true,
-        ..Effector::default()
+        ..Setup::default()
     };
     let Some(world) = World::start(backend, effector).await else {
         return;
@@ -468,7 +483,7 @@ async fn a_lookup_that_finds_nothing_retries_with_the_same_operation_id(backend:
 }
 
 async fn an_unknown_outcome_without_key_or_lookup_goes_to_a_person(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.service.script([Behaviour::CreateThenFail(500)]);
@@ -493,9 +508,9 @@ async fn an_unknown_outcome_without_key_or_lookup_goes_to_a_person(backend: Back
 }
 
 async fn a_failing_lookup_goes_to_a_person(backend: Backend) {
-    let effector = Effector {
+    let effector = Setup {
         lookup: true,
-        ..Effector::default()
+        ..Setup::default()
     };
     let Some(world) = World::start(backend, effector).await else {
         return;
@@ -515,7 +530,7 @@ async fn a_failing_lookup_goes_to_a_person(backend: Backend) {
 }
 
 async fn an_expired_claim_with_nothing_sent_is_claimed_again(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.ask(1, 7, "spring").await;
@@ -533,7 +548,7 @@ async fn an_expired_claim_with_nothing_sent_is_claimed_again(backend: Backend) {
 }
 
 async fn an_expired_claim_after_the_call_was_sent_is_never_called_again(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.ask(1, 7, "spring").await;
@@ -561,7 +576,7 @@ async fn an_expired_claim_after_the_call_was_sent_is_never_called_again(backend:
 }
 
 async fn racing_workers_claim_each_operation_once(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     for user in 1..=40 {
@@ -592,7 +607,7 @@ async fn racing_workers_claim_each_operation_once(backend: Backend) {
 }
 
 async fn a_reply_refused_by_flood_control_waits_for_retry_after(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.telegram.script_send_message_retry_after(5);
@@ -613,7 +628,7 @@ async fn a_reply_refused_by_flood_control_waits_for_retry_after(backend: Backend
 }
 
 async fn a_reply_whose_sender_died_is_never_sent_again(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.ask(1, 7, "spring").await;
@@ -637,7 +652,7 @@ async fn a_reply_whose_sender_died_is_never_sent_again(backend: Backend) {
 }
 
 async fn a_failed_operation_is_replied_with_the_failure(backend: Backend) {
-    let Some(world) = World::start(backend, Effector::default()).await else {
+    let Some(world) = World::start(backend, Setup::default()).await else {
         return;
     };
     world.service.script([Behaviour::Refuse {
@@ -716,7 +731,7 @@ fn assert_one_creation_each(world: &World, rows: &[OperationStatusRow]) {
 /// (503s, retried with backoff) mixed in: every operation ends confirmed, created once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_worker_tasks_on_sqlite_carry_out_a_thousand_operations_once() {
-    let Some(world) = World::start(Backend::Sqlite, Effector::default()).await else {
+    let Some(world) = World::start(Backend::Sqlite, Setup::default()).await else {
         return;
     };
     world.service.script((0..50).map(|_| Behaviour::Refuse {
@@ -750,7 +765,7 @@ async fn four_worker_tasks_on_sqlite_carry_out_a_thousand_operations_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_worker_processes_on_postgres_carry_out_a_thousand_operations_once() {
     use crate::support::serving::{opledger, write_config};
-    let Some(world) = World::start(Backend::Postgres, Effector::default()).await else {
+    let Some(world) = World::start(Backend::Postgres, Setup::default()).await else {
         return;
     };
     ask_many(&world).await;
@@ -806,5 +821,117 @@ async fn two_worker_processes_on_postgres_carry_out_a_thousand_operations_once()
     }
     assert_one_creation_each(&world, &rows);
     assert_eq!(world.service.total_requests(), rows.len());
+    world.stop().await;
+}
+
+/// An in-process effector (library use): it acts, then reports an unknown outcome, and its
+/// lookup finds what it did. The worker treats it exactly like the HTTP one.
+#[derive(Debug, Default)]
+struct InProcess {
+    calls: std::sync::Mutex<Vec<EffectRequest>>,
+    done: std::sync::Mutex<HashMap<String, String>>,
+}
+
+impl Effector for InProcess {
+    fn call<'a>(
+        &'a self,
+        request: &'a EffectRequest,
+    ) -> futures_util::future::BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            self.calls.lock().unwrap().push(request.clone());
+            self.done
+                .lock()
+                .unwrap()
+                .insert(request.operation_id.clone(), "in-process-1".to_owned());
+            CallOutcome::Unknown {
+                reason: "the process lost the answer".to_owned(),
+            }
+        })
+    }
+
+    fn honours_idempotency_key(&self) -> bool {
+        false
+    }
+
+    fn has_lookup(&self) -> bool {
+        true
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        request: &'a EffectRequest,
+    ) -> futures_util::future::BoxFuture<'a, LookupOutcome> {
+        Box::pin(async move {
+            match self.done.lock().unwrap().get(&request.operation_id) {
+                Some(id) => LookupOutcome::Found(Success {
+                    external_id: Some(id.clone()),
+                    ..Success::default()
+                }),
+                None => LookupOutcome::Absent,
+            }
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+async fn an_in_process_effector_follows_the_same_contract(backend: Backend) {
+    let Some(world) = World::start(backend, Setup::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    let effector = Arc::new(InProcess::default());
+    let worker = world
+        .worker("w1", 1)
+        .with_effector("coupon", effector.clone())
+        .expect("the coupon action exists");
+    worker.run_due().await.expect("work");
+    let row = world.only_operation().await;
+    assert_eq!(row.status, "confirmed");
+    assert_eq!(row.external_id.as_deref(), Some("in-process-1"));
+    let calls = effector.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "called once, never repeated blindly");
+    assert_eq!(calls[0].operation_id, row.operation_id);
+    assert_eq!(calls[0].attempt, 1);
+    assert_eq!(
+        world.service.total_requests(),
+        0,
+        "the HTTP effector was replaced"
+    );
+    let events = world.stream_events(&row).await;
+    assert_eq!(events[3].1["via"], "lookup");
+    assert!(
+        world
+            .worker("w2", 1)
+            .with_effector("no_such_action", effector)
+            .is_err(),
+        "an effector for an unknown action is refused"
+    );
+    world.stop().await;
+}
+
+async fn replies_to_one_chat_are_paced(backend: Backend) {
+    let Some(world) = World::start(backend, Setup::default()).await else {
+        return;
+    };
+    // Two operations of one user in one chat, and one of another user.
+    world.ask(1, 7, "spring").await;
+    world.ask(2, 7, "summer").await;
+    world.ask(3, 8, "spring").await;
+    let interval = Duration::from_millis(400);
+    let worker = world.worker_with("w1", 4, world.app.clock.clone(), |options| {
+        options.reply_interval = interval;
+    });
+    worker.run_due().await.expect("calls");
+    let started = std::time::Instant::now();
+    worker.run_due().await.expect("replies");
+    let elapsed = started.elapsed();
+    assert_eq!(world.telegram.calls("sendMessage").len(), 3);
+    assert!(
+        elapsed >= interval,
+        "the second reply to chat 7 waited for its slot: {elapsed:?}"
+    );
     world.stop().await;
 }

@@ -588,9 +588,14 @@ pub async fn get(
     Ok(row)
 }
 
-/// Terminal operations are due only for their reply: left out for a worker that sends none.
-const TERMINAL: &str = "AND ($4 OR status NOT IN ('confirmed', 'failed', 'reconciled'))";
-const NEXT_TERMINAL: &str = "AND ($2 OR status NOT IN ('confirmed', 'failed', 'reconciled'))";
+/// Terminal operations are due only for their reply: left out for a worker that sends none,
+/// with the predicate of the `operation_status_work_due` index, verbatim, so that the index
+/// serves the query.
+const NOT_TERMINAL: &str = "AND status NOT IN ('confirmed', 'failed', 'reconciled')";
+
+fn without_terminal(replies: bool) -> &'static str {
+    if replies { "" } else { NOT_TERMINAL }
+}
 
 /// Operations a worker should look at by `now`, earliest due first: received ones, retries that
 /// are due, claims whose lease ran out, and terminal ones whose reply is due.
@@ -612,14 +617,14 @@ pub async fn due(
             let sql = format!(
                 "SELECT {COLUMNS} FROM operation_status \
                  WHERE due_at IS NOT NULL AND due_at <= $1 \
-                 AND action IN (SELECT value FROM json_each($2)) {TERMINAL} \
-                 ORDER BY due_at LIMIT $3"
+                 AND action IN (SELECT value FROM json_each($2)) {} \
+                 ORDER BY due_at LIMIT $3",
+                without_terminal(replies)
             );
             sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(now.timestamp_micros())
                 .bind(serde_json::Value::from(actions.to_vec()).to_string())
                 .bind(limit)
-                .bind(replies)
                 .try_map(|row: sqlx::sqlite::SqliteRow| decode_row(&row))
                 .fetch_all(pool)
                 .await?
@@ -627,14 +632,14 @@ pub async fn due(
         ReadPool::Postgres(pool) => {
             let sql = format!(
                 "SELECT {PG_COLUMNS} FROM operation_status \
-                 WHERE due_at IS NOT NULL AND due_at <= $1 AND action = ANY($2) {TERMINAL} \
-                 ORDER BY due_at LIMIT $3"
+                 WHERE due_at IS NOT NULL AND due_at <= $1 AND action = ANY($2) {} \
+                 ORDER BY due_at LIMIT $3",
+                without_terminal(replies)
             );
             sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(now)
                 .bind(actions)
                 .bind(limit)
-                .bind(replies)
                 .try_map(|row: sqlx::postgres::PgRow| decode_row(&row))
                 .fetch_all(pool)
                 .await?
@@ -654,11 +659,11 @@ pub async fn next_due(
         ReadPool::Sqlite(pool) => {
             let sql = format!(
                 "SELECT min(due_at) FROM operation_status WHERE due_at IS NOT NULL \
-                 AND action IN (SELECT value FROM json_each($1)) {NEXT_TERMINAL}"
+                 AND action IN (SELECT value FROM json_each($1)) {}",
+                without_terminal(replies)
             );
             let micros: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
                 .bind(serde_json::Value::from(actions.to_vec()).to_string())
-                .bind(replies)
                 .fetch_one(pool)
                 .await?;
             micros.and_then(DateTime::from_timestamp_micros)
@@ -666,11 +671,11 @@ pub async fn next_due(
         ReadPool::Postgres(pool) => {
             let sql = format!(
                 "SELECT min(due_at) FROM operation_status WHERE due_at IS NOT NULL \
-                 AND action = ANY($1) {NEXT_TERMINAL}"
+                 AND action = ANY($1) {}",
+                without_terminal(replies)
             );
             sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
                 .bind(actions)
-                .bind(replies)
                 .fetch_one(pool)
                 .await?
         }

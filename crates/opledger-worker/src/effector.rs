@@ -113,6 +113,17 @@ pub trait Effector: Send + Sync + Debug {
 
     /// How long one call (or lookup) may take at most; the worker's lease covers it.
     fn timeout(&self) -> Duration;
+
+    /// Whether this effector has a lookup (see [`Effector::lookup`]).
+    fn has_lookup(&self) -> bool {
+        false
+    }
+
+    /// Whether an unknown outcome is resolved without a person: by a retry with the honoured
+    /// key, or by a lookup.
+    fn resolves_unknown_outcomes(&self) -> bool {
+        self.honours_idempotency_key() || self.has_lookup()
+    }
 }
 
 /// The effector of an action that calls nothing out: it succeeds at once, with no result.

@@ -176,6 +176,10 @@ impl Effector for HttpEffector {
     fn timeout(&self) -> Duration {
         self.timeout
     }
+
+    fn has_lookup(&self) -> bool {
+        self.lookup_url.is_some()
+    }
 }
 
 /// What an answered call means.

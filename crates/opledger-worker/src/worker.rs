@@ -413,15 +413,27 @@ impl Worker {
             worker: self.inner.options.id.clone(),
             lease_until: now + lease,
         };
-        if !matches!(self.append(view, claim).await?, Appended::Done) {
-            return Ok(());
-        }
-        opledger_ledger::failpoint::crash("worker-after-claimed");
         let sent = OperationCommand::RecordCallSent {
             worker: self.inner.options.id.clone(),
         };
-        if !matches!(self.append(view, sent).await?, Appended::Done) {
-            return Ok(());
+        if action.effector.resolves_unknown_outcomes() {
+            // A crash between the claim and the request would be resolved without a person
+            // (a retry with the honoured key, or a lookup), so the claim and the call's record
+            // are one commit: `Claimed` then `ExternalCallSent`, at the version read.
+            if !matches!(self.append_all(view, [claim, sent]).await?, Appended::Done) {
+                return Ok(());
+            }
+        } else {
+            // Otherwise the claim is committed alone first: a worker that dies before the call
+            // is recorded leaves a claim another worker takes over when its lease runs out,
+            // rather than an unknown outcome for a person.
+            if !matches!(self.append(view, claim).await?, Appended::Done) {
+                return Ok(());
+            }
+            opledger_ledger::failpoint::crash("worker-after-claimed");
+            if !matches!(self.append(view, sent).await?, Appended::Done) {
+                return Ok(());
+            }
         }
         opledger_ledger::failpoint::crash("worker-after-call-sent");
         let request = effect_request(view);
@@ -579,6 +591,33 @@ impl Worker {
             Ok(events) => self.append_events(view, events).await,
             Err(rejection) => Ok(Appended::Refused(rejection)),
         }
+    }
+
+    /// Decides `commands` one after the other on the view's state and appends all their
+    /// events in one commit at the version read; refused as a whole if any is refused.
+    async fn append_all(
+        &self,
+        view: &mut View,
+        commands: impl IntoIterator<Item = OperationCommand>,
+    ) -> Result<Appended, StepError> {
+        let now = self.inner.clock.now();
+        let mut state = view.state.clone();
+        let mut events = Vec::new();
+        for command in commands {
+            match decide(&state, &command, now) {
+                Ok(decided) => {
+                    for event in decided {
+                        state = evolve(state, &event);
+                        events.push(event);
+                    }
+                }
+                Err(rejection) => return Ok(Appended::Refused(rejection)),
+            }
+        }
+        if events.is_empty() {
+            return Ok(Appended::Done);
+        }
+        self.append_events(view, events).await
     }
 
     async fn append_events(
