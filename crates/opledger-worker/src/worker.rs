@@ -279,10 +279,15 @@ impl Worker {
                         let worker = self.clone();
                         let finished = finished.clone();
                         tasks.spawn(async move {
+                            // Released even if the step panics, so the operation is not
+                            // stranded in this process.
+                            let _release = Release {
+                                inner: Arc::clone(&worker.inner),
+                                operation_id: row.operation_id.clone(),
+                                finished,
+                            };
                             worker.step(&row).await;
-                            worker.inner.release(&row.operation_id);
                             drop(permit);
-                            finished.notify_one();
                         });
                         started += 1;
                     }
@@ -343,8 +348,10 @@ impl Worker {
             inner.options.replies,
         )
         .await;
+        // Operations due already were just skipped (in hand, or resting): their tasks' ends
+        // and new appends wake the loop, so only a future due time shortens the sleep.
         let until_next = match next {
-            Ok(Some(at)) => (at - now).to_std().unwrap_or(Duration::from_millis(10)),
+            Ok(Some(at)) if at > now => (at - now).to_std().unwrap_or(inner.options.idle_poll),
             _ => inner.options.idle_poll,
         };
         until_next.clamp(Duration::from_millis(5), inner.options.idle_poll)
@@ -702,6 +709,20 @@ impl Inner {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(operation_id);
+    }
+}
+
+/// Gives an operation back when its task ends, however it ends, and wakes the loop.
+struct Release {
+    inner: Arc<Inner>,
+    operation_id: String,
+    finished: Arc<Notify>,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.inner.release(&self.operation_id);
+        self.finished.notify_one();
     }
 }
 
