@@ -244,6 +244,11 @@ impl Worker {
     /// and returns.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) {
         let inner = &self.inner;
+        if inner.action_names.is_empty() {
+            // No action is configured: nothing can ever be due for this worker.
+            shutdown.await;
+            return;
+        }
         let permits = Arc::new(Semaphore::new(inner.options.concurrency));
         let finished = Arc::new(Notify::new());
         let mut head = inner.store.subscribe();
