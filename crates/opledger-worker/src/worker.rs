@@ -251,67 +251,94 @@ impl Worker {
         }
         let permits = Arc::new(Semaphore::new(inner.options.concurrency));
         let finished = Arc::new(Notify::new());
+        let queue = Arc::new(Queue::default());
         let mut head = inner.store.subscribe();
         let mut tasks = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
+        // Rows waiting for a task: enough that a task finishing a call finds the next operation
+        // at hand (to commit the outcome and the next claim together), few enough to stay fresh.
+        let capacity = inner.options.concurrency.saturating_mul(2);
         let page = u32::try_from(inner.options.concurrency.saturating_mul(4)).unwrap_or(u32::MAX);
         loop {
             let now = inner.clock.now();
-            let mut started = 0usize;
-            match operation_status::due(
-                inner.store.reader(),
-                now,
-                &inner.action_names,
-                inner.options.replies,
-                page,
-            )
-            .await
-            {
-                Ok(mut rows) => {
-                    spread(&inner.options.id, &mut rows);
-                    for row in rows {
-                        if !inner.take(&row.operation_id) {
-                            continue;
-                        }
-                        let permit = tokio::select! {
-                            permit = permits.clone().acquire_owned() => permit,
-                            () = &mut shutdown => {
-                                inner.release(&row.operation_id);
-                                return self.finish(tasks).await;
+            let mut queued = 0usize;
+            if queue.len() < capacity {
+                match operation_status::due(
+                    inner.store.reader(),
+                    now,
+                    &inner.action_names,
+                    inner.options.replies,
+                    page,
+                )
+                .await
+                {
+                    Ok(mut rows) => {
+                        spread(&inner.options.id, &mut rows);
+                        for row in rows {
+                            if queue.len() >= capacity {
+                                break;
                             }
-                        };
-                        let Ok(permit) = permit else { break };
-                        let worker = self.clone();
-                        let finished = finished.clone();
-                        tasks.spawn(async move {
-                            // Released even if the step panics, so the operation is not
-                            // stranded in this process.
-                            let _release = Release {
-                                inner: Arc::clone(&worker.inner),
-                                operation_id: row.operation_id.clone(),
-                                finished,
-                            };
-                            worker.step(&row).await;
-                            drop(permit);
-                        });
-                        started += 1;
+                            if inner.take(&row.operation_id) {
+                                queue.push(row);
+                                queued += 1;
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read the due operations; trying again");
                     }
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot read the due operations; trying again");
-                }
+            }
+            while !queue.is_empty() {
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    break;
+                };
+                let worker = self.clone();
+                let queue = Arc::clone(&queue);
+                let finished = Arc::clone(&finished);
+                tasks.spawn(async move {
+                    worker.drain(&queue, &finished).await;
+                    drop(permit);
+                    finished.notify_one();
+                });
             }
             while tasks.try_join_next().is_some() {}
-            if started > 0 {
+            if queued > 0 {
                 continue;
             }
             let wait = self.idle_wait(now).await;
             tokio::select! {
-                () = &mut shutdown => return self.finish(tasks).await,
+                () = &mut shutdown => {
+                    // Rows not started are given back; the tasks finish what they hold.
+                    for row in queue.take_all() {
+                        inner.release(&row.operation_id);
+                    }
+                    return self.finish(tasks).await;
+                }
                 _ = head.changed() => {}
                 () = finished.notified() => {}
                 () = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+
+    /// One task's work: operations from the queue until it is empty. A call's outcome is kept
+    /// until the next operation's claim, so both go in one commit; it is committed alone when
+    /// there is no next operation to claim.
+    async fn drain(&self, queue: &Queue, finished: &Notify) {
+        let mut carry: Option<Pending> = None;
+        while let Some(row) = queue.pop() {
+            finished.notify_one();
+            // Released even if the step panics, so the operation is not stranded here.
+            let release = Release {
+                inner: Arc::clone(&self.inner),
+                operation_id: row.operation_id.clone(),
+            };
+            carry = self.step_carrying(&row, carry).await;
+            drop(release);
+        }
+        if let Some(pending) = carry {
+            self.flush(pending).await;
         }
     }
 
@@ -365,9 +392,43 @@ impl Worker {
     /// Takes the step one due operation calls for; failures are logged and the operation stays
     /// due.
     async fn step(&self, row: &OperationStatusRow) {
-        match self.try_step(row).await {
-            Ok(true) => {}
-            Ok(false) => self
+        if let Some(pending) = self.step_carrying(row, None).await {
+            self.flush(pending).await;
+        }
+    }
+
+    /// Commits a call's outcome on its own; failures are logged (the lease then runs out and
+    /// the unknown-outcome path applies).
+    async fn flush(&self, mut pending: Pending) {
+        if let Err(error) = self
+            .record_outcome(&mut pending.view, pending.command)
+            .await
+        {
+            tracing::warn!(
+                operation_id = %pending.view.received.operation_id,
+                %error,
+                "a call's outcome could not be recorded; the operation will be swept"
+            );
+        }
+    }
+
+    /// Takes the step `row` calls for, committing `carry` (a previous call's outcome) with
+    /// this operation's claim when there is one, or alone first; returns this operation's own
+    /// call outcome if it made a call.
+    async fn step_carrying(
+        &self,
+        row: &OperationStatusRow,
+        carry: Option<Pending>,
+    ) -> Option<Pending> {
+        let mut carry = carry;
+        let result = self.try_step(row, &mut carry).await;
+        if let Some(pending) = carry.take() {
+            self.flush(pending).await;
+        }
+        match result {
+            Ok(Stepped::Called(pending)) => return Some(*pending),
+            Ok(Stepped::Done) => {}
+            Ok(Stepped::Nothing) => self
                 .inner
                 .rest(&row.operation_id, self.inner.options.idle_poll),
             Err(error) => {
@@ -380,28 +441,41 @@ impl Worker {
                     .rest(&row.operation_id, self.inner.options.idle_poll);
             }
         }
+        None
     }
 
-    /// Takes the step the operation's stream calls for; `false` when there was none (the row
-    /// was stale, or another worker holds the operation).
-    async fn try_step(&self, row: &OperationStatusRow) -> Result<bool, StepError> {
+    /// Takes the step the operation's stream calls for. `carry`, a previous call's outcome, is
+    /// committed with this operation's claim, or alone before any other step.
+    async fn try_step(
+        &self,
+        row: &OperationStatusRow,
+        carry: &mut Option<Pending>,
+    ) -> Result<Stepped, StepError> {
         let Some(action) = self.inner.actions.get(&row.action).cloned() else {
-            return Ok(false);
+            return Ok(Stepped::Nothing);
         };
         let mut view = self.load(StreamId::new(row.stream_id.clone())?).await?;
         let now = self.inner.clock.now();
         let lease_expired = view.state.claim.as_ref().is_some_and(|c| !c.is_live(now));
+        let claimable = match view.state.status {
+            Status::Received => true,
+            Status::RetryScheduled => view.state.retry_at.is_none_or(|at| at <= now),
+            Status::Claimed => lease_expired,
+            _ => false,
+        };
+        if claimable {
+            return self.attempt(&action, view, carry.take()).await;
+        }
+        if let Some(pending) = carry.take() {
+            self.flush(pending).await;
+        }
         match view.state.status {
-            Status::Received => self.attempt(&action, &mut view).await?,
-            Status::RetryScheduled if view.state.retry_at.is_none_or(|at| at <= now) => {
-                self.attempt(&action, &mut view).await?;
-            }
-            Status::Claimed if lease_expired => self.attempt(&action, &mut view).await?,
             Status::CallSent if lease_expired => {
                 let reason = "the worker holding the claim stopped before recording the call's \
                               outcome (its lease expired)"
                     .to_owned();
-                self.unknown_outcome(&action, &mut view, reason).await?;
+                let command = self.unknown_command(&action, &view, reason).await;
+                self.record_outcome(&mut view, command).await?;
             }
             status
                 if status.is_terminal()
@@ -410,13 +484,19 @@ impl Worker {
             {
                 self.inner.replier.reply(self, &action, &mut view).await?;
             }
-            _ => return Ok(false),
+            _ => return Ok(Stepped::Nothing),
         }
-        Ok(true)
+        Ok(Stepped::Done)
     }
 
-    /// Claim, record the call, call, record the outcome.
-    async fn attempt(&self, action: &Action, view: &mut View) -> Result<(), StepError> {
+    /// Claim (with `carry` in the same commit), record the call, call; returns the call's
+    /// outcome, decided and not yet committed.
+    async fn attempt(
+        &self,
+        action: &Action,
+        mut view: View,
+        carry: Option<Pending>,
+    ) -> Result<Stepped, StepError> {
         let now = self.inner.clock.now();
         let effector_time = action.effector.timeout().saturating_mul(2);
         let lease = TimeDelta::from_std(effector_time + self.inner.options.lease_margin)
@@ -428,27 +508,32 @@ impl Worker {
         let sent = OperationCommand::RecordCallSent {
             worker: self.inner.options.id.clone(),
         };
-        if action.effector.resolves_unknown_outcomes() {
-            // A crash between the claim and the request would be resolved without a person
-            // (a retry with the honoured key, or a lookup), so the claim and the call's record
-            // are one commit: `Claimed` then `ExternalCallSent`, at the version read.
-            if !matches!(self.append_all(view, [claim, sent]).await?, Appended::Done) {
-                return Ok(());
-            }
+        // A crash between the claim and the request is resolved without a person when the
+        // effector honours the key or has a lookup, so then the claim and the call's record are
+        // one commit. Otherwise the claim is committed alone first: a worker that dies before
+        // the call is recorded leaves a claim another worker takes over when its lease runs
+        // out, rather than an unknown outcome for a person.
+        let together = action.effector.resolves_unknown_outcomes();
+        let first = if together {
+            vec![claim, sent.clone()]
         } else {
-            // Otherwise the claim is committed alone first: a worker that dies before the call
-            // is recorded leaves a claim another worker takes over when its lease runs out,
-            // rather than an unknown outcome for a person.
-            if !matches!(self.append(view, claim).await?, Appended::Done) {
-                return Ok(());
-            }
+            vec![claim]
+        };
+        let claimed = match carry {
+            Some(pending) => self.append_with(pending, &mut view, first).await?,
+            None => self.append_all(&mut view, first).await?,
+        };
+        if !matches!(claimed, Appended::Done) {
+            return Ok(Stepped::Nothing);
+        }
+        if !together {
             opledger_ledger::failpoint::crash("worker-after-claimed");
-            if !matches!(self.append(view, sent).await?, Appended::Done) {
-                return Ok(());
+            if !matches!(self.append(&mut view, sent).await?, Appended::Done) {
+                return Ok(Stepped::Nothing);
             }
         }
         opledger_ledger::failpoint::crash("worker-after-call-sent");
-        let request = effect_request(view);
+        let request = effect_request(&view);
         let outcome = action.effector.call(&request).await;
         opledger_ledger::failpoint::crash("worker-after-response");
         let now = self.inner.clock.now();
@@ -459,58 +544,117 @@ impl Worker {
                 reason,
                 retry_after,
             } => OperationCommand::ScheduleRetry {
-                at: now + self.delay(view, retry_after),
+                at: now + self.delay(&view, retry_after),
                 reason,
                 // Nothing left: a retry cannot repeat an effect.
                 same_key: true,
             },
-            CallOutcome::Unknown { reason } => {
-                return self.unknown_outcome(action, view, reason).await;
+            CallOutcome::Unknown { reason } => self.unknown_command(action, &view, reason).await,
+        };
+        Ok(Stepped::Called(Box::new(Pending { view, command })))
+    }
+
+    /// Commits a pending outcome and the claim commands of `view` in one append; if either
+    /// stream moved meanwhile, each is decided again and committed on its own.
+    async fn append_with(
+        &self,
+        pending: Pending,
+        view: &mut View,
+        commands: Vec<OperationCommand>,
+    ) -> Result<Appended, StepError> {
+        let Pending {
+            view: mut done,
+            command: outcome,
+        } = pending;
+        let now = self.inner.clock.now();
+        let outcome_events = match decide(&done.state, &outcome, now) {
+            Ok(events) if !events.is_empty() => events,
+            // Refused or nothing to append: the usual path records it (or its refusal).
+            _ => {
+                self.record_outcome(&mut done, outcome).await?;
+                return self.append_all(view, commands).await;
             }
         };
-        self.record_outcome(view, command).await
+        let mut state = view.state.clone();
+        let mut claim_events = Vec::new();
+        for command in &commands {
+            match decide(&state, command, now) {
+                Ok(events) => {
+                    for event in events {
+                        state = evolve(state, &event);
+                        claim_events.push(event);
+                    }
+                }
+                Err(rejection) => {
+                    self.record_outcome(&mut done, outcome).await?;
+                    return Ok(Appended::Refused(rejection));
+                }
+            }
+        }
+        let requests = vec![
+            request(
+                done.stream.clone(),
+                expected(done.state.version),
+                &outcome_events,
+                &self.metadata(&done),
+            )?,
+            request(
+                view.stream.clone(),
+                expected(view.state.version),
+                &claim_events,
+                &self.metadata(view),
+            )?,
+        ];
+        match self.inner.store.append(requests).await {
+            Ok(_) => {
+                view.state = state;
+                Ok(Appended::Done)
+            }
+            Err(StoreError::VersionConflict { .. }) => {
+                self.record_outcome(&mut done, outcome).await?;
+                *view = self.load(view.stream.clone()).await?;
+                self.append_all(view, commands).await
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// After a call whose outcome is unknown: retry only with a key the service honours, else
     /// look up, else leave it to a person. Never a blind repeat.
-    async fn unknown_outcome(
+    async fn unknown_command(
         &self,
         action: &Action,
-        view: &mut View,
+        view: &View,
         reason: String,
-    ) -> Result<(), StepError> {
+    ) -> OperationCommand {
         let effector = &action.effector;
-        let command = if effector.honours_idempotency_key() {
-            OperationCommand::ScheduleRetry {
+        if effector.honours_idempotency_key() {
+            return OperationCommand::ScheduleRetry {
                 at: self.inner.clock.now() + self.delay(view, None),
                 reason: format!(
                     "{reason}; retrying with the same idempotency key, which the service honours"
                 ),
                 same_key: true,
-            }
-        } else {
-            let request = effect_request(view);
-            match effector.lookup(&request).await {
-                LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
-                LookupOutcome::Absent => OperationCommand::ScheduleRetry {
-                    at: self.inner.clock.now() + self.delay(view, None),
-                    reason: format!("{reason}; the lookup found nothing under the operation id"),
-                    same_key: true,
-                },
-                LookupOutcome::Failed { reason: lookup } => {
-                    OperationCommand::MarkForReconciliation {
-                        reason: format!("{reason}; the lookup failed too ({lookup})"),
-                    }
-                }
-                LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
-                    reason: format!(
-                        "{reason}; the service does not honour the idempotency key and has no \
-                         lookup, so a person must check"
-                    ),
-                },
-            }
-        };
-        self.record_outcome(view, command).await
+            };
+        }
+        let request = effect_request(view);
+        match effector.lookup(&request).await {
+            LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
+            LookupOutcome::Absent => OperationCommand::ScheduleRetry {
+                at: self.inner.clock.now() + self.delay(view, None),
+                reason: format!("{reason}; the lookup found nothing under the operation id"),
+                same_key: true,
+            },
+            LookupOutcome::Failed { reason: lookup } => OperationCommand::MarkForReconciliation {
+                reason: format!("{reason}; the lookup failed too ({lookup})"),
+            },
+            LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
+                reason: format!(
+                    "{reason}; the service does not honour the idempotency key and has no \
+                     lookup, so a person must check"
+                ),
+            },
+        }
     }
 
     /// Records what became of a call. If another worker moved the operation meanwhile (its
@@ -637,17 +781,11 @@ impl Worker {
         view: &mut View,
         events: Vec<OperationEvent>,
     ) -> Result<Appended, StepError> {
-        let metadata = EventMetadata {
-            causation: Causation::Worker {
-                worker: self.inner.options.id.clone(),
-            },
-            correlation: delivery_stream(&view.received.bot, view.received.update_id).ok(),
-        };
         let append = request(
             view.stream.clone(),
             expected(view.state.version),
             &events,
-            &metadata,
+            &self.metadata(view),
         )?;
         match self.inner.store.append(vec![append]).await {
             Ok(_) => {
@@ -666,6 +804,17 @@ impl Worker {
             }
             Err(StoreError::VersionConflict { .. }) => Ok(Appended::Lost),
             Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The metadata of the worker's events on an operation: caused by this worker, correlated
+    /// with the update that started the operation.
+    fn metadata(&self, view: &View) -> EventMetadata {
+        EventMetadata {
+            causation: Causation::Worker {
+                worker: self.inner.options.id.clone(),
+            },
+            correlation: delivery_stream(&view.received.bot, view.received.update_id).ok(),
         }
     }
 
@@ -717,18 +866,66 @@ impl Inner {
     }
 }
 
-/// Gives an operation back when its task ends, however it ends, and wakes the loop.
+/// Gives an operation back when its step ends, however it ends.
 struct Release {
     inner: Arc<Inner>,
     operation_id: String,
-    finished: Arc<Notify>,
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
         self.inner.release(&self.operation_id);
-        self.finished.notify_one();
     }
+}
+
+/// Due operations taken by this worker and waiting for a task.
+#[derive(Debug, Default)]
+struct Queue {
+    rows: Mutex<std::collections::VecDeque<OperationStatusRow>>,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<OperationStatusRow>> {
+        self.rows
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn push(&self, row: OperationStatusRow) {
+        self.lock().push_back(row);
+    }
+
+    fn pop(&self) -> Option<OperationStatusRow> {
+        self.lock().pop_front()
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    fn take_all(&self) -> Vec<OperationStatusRow> {
+        self.lock().drain(..).collect()
+    }
+}
+
+/// What a step did.
+enum Stepped {
+    /// Nothing was due on the stream (a stale row, or another worker holds it).
+    Nothing,
+    /// A step was taken and committed.
+    Done,
+    /// A call was made; its outcome is decided and not yet committed.
+    Called(Box<Pending>),
+}
+
+/// A call's outcome, decided and not yet committed.
+struct Pending {
+    view: View,
+    command: OperationCommand,
 }
 
 /// Orders a page of due operations by a hash of this worker's id and the operation, so that
