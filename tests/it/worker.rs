@@ -237,6 +237,7 @@ on_both_backends!(
     racing_workers_claim_each_operation_once,
     an_in_process_effector_follows_the_same_contract,
     replies_to_one_chat_are_paced,
+    an_outcome_whose_stream_moved_is_committed_apart_from_the_next_claim,
     a_reply_refused_by_flood_control_waits_for_retry_after,
     a_reply_whose_sender_died_is_never_sent_again,
     a_failed_operation_is_replied_with_the_failure,
@@ -933,5 +934,135 @@ async fn replies_to_one_chat_are_paced(backend: Backend) {
         elapsed >= interval,
         "the second reply to chat 7 waited for its slot: {elapsed:?}"
     );
+    world.stop().await;
+}
+
+/// An effector that, during its first call, moves that operation's stream (as a late worker's
+/// recorded refusal would), so the worker's commit of the outcome together with its next claim
+/// meets a version conflict and must fall back to committing each on its own.
+#[derive(Debug)]
+struct MovesItsStream {
+    store: opledger_store::AnyStore,
+    calls: std::sync::Mutex<Vec<String>>,
+}
+
+impl Effector for MovesItsStream {
+    fn call<'a>(
+        &'a self,
+        request: &'a EffectRequest,
+    ) -> futures_util::future::BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            let first = {
+                let mut calls = self.calls.lock().unwrap();
+                calls.push(request.operation_id.clone());
+                calls.len() == 1
+            };
+            if first {
+                let stream = StreamId::new(
+                    opledger_domain::operation_stream(&request.action, &request.business_key)
+                        .expect("a stream id"),
+                )
+                .expect("a stream id");
+                let state: Operation = load(&self.store, &stream).await.expect("load");
+                let refusal: opledger_domain::operation::OperationEvent =
+                    opledger_domain::operation::TransitionRejected {
+                        command: "claim".to_owned(),
+                        status: "call_sent".to_owned(),
+                        reason: "a late worker's claim, refused".to_owned(),
+                    }
+                    .into();
+                let metadata = EventMetadata::caused_by(Causation::Worker {
+                    worker: "late".to_owned(),
+                });
+                let append = request_for(&stream, state.version, &[refusal], &metadata);
+                self.store.append(vec![append]).await.expect("append");
+            }
+            CallOutcome::Succeeded(Success {
+                external_id: Some(format!("x-{}", request.operation_id)),
+                ..Success::default()
+            })
+        })
+    }
+
+    fn honours_idempotency_key(&self) -> bool {
+        true
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+fn request_for(
+    stream: &StreamId,
+    version: u64,
+    events: &[opledger_domain::operation::OperationEvent],
+    metadata: &EventMetadata,
+) -> opledger_store::AppendRequest {
+    request(stream.clone(), expected(version), events, metadata).expect("a request")
+}
+
+async fn an_outcome_whose_stream_moved_is_committed_apart_from_the_next_claim(backend: Backend) {
+    let Some(world) = World::start(backend, Setup::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    world.ask(2, 8, "spring").await;
+    let effector = Arc::new(MovesItsStream {
+        store: world.app.store.clone(),
+        calls: std::sync::Mutex::new(Vec::new()),
+    });
+    let worker = world
+        .worker_with("w1", 1, world.app.clock.clone(), |options| {
+            options.replies = false;
+        })
+        .with_effector("coupon", effector.clone())
+        .expect("the coupon action exists");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let rows = loop {
+        let rows = world.operations().await;
+        if rows.iter().all(|r| r.status == "confirmed") {
+            break rows;
+        }
+        assert!(std::time::Instant::now() < deadline, "{rows:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let _ = stop.send(());
+    running.await.expect("the worker stops");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(effector.calls.lock().unwrap().len(), 2, "one call each");
+    let first = effector.calls.lock().unwrap()[0].clone();
+    let moved = rows
+        .iter()
+        .find(|r| r.operation_id == first)
+        .expect("the first operation");
+    assert_eq!(
+        world.history(moved).await,
+        [
+            "Received",
+            "Claimed",
+            "ExternalCallSent",
+            "TransitionRejected",
+            "Confirmed"
+        ],
+        "the outcome was decided again on the moved stream and committed"
+    );
+    for row in &rows {
+        let claims = world
+            .history(row)
+            .await
+            .iter()
+            .filter(|t| *t == "Claimed")
+            .count();
+        assert_eq!(claims, 1, "{row:?}");
+    }
     world.stop().await;
 }
