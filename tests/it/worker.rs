@@ -714,6 +714,24 @@ async fn all_confirmed(world: &World) -> Vec<OperationStatusRow> {
     }
 }
 
+/// Runs `worker` in the background until `stop` is sent.
+fn spawn_run(
+    worker: Worker,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (stop, running)
+}
+
 /// Every operation has exactly one effective creation at the service.
 fn assert_one_creation_each(world: &World, rows: &[OperationStatusRow]) {
     let creations = world.service.creations();
@@ -741,14 +759,7 @@ async fn four_worker_tasks_on_sqlite_carry_out_a_thousand_operations_once() {
     }));
     ask_many(&world).await;
     let worker = world.worker_on("solo", 4, Arc::new(opledger_server::SystemClock));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        worker
-            .run(async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let (stop, running) = spawn_run(worker);
     let rows = all_confirmed(&world).await;
     let _ = stop.send(());
     running.await.expect("the worker stops");
@@ -1018,14 +1029,7 @@ async fn an_outcome_whose_stream_moved_is_committed_apart_from_the_next_claim(ba
         })
         .with_effector("coupon", effector.clone())
         .expect("the coupon action exists");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        worker
-            .run(async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let (stop, running) = spawn_run(worker);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let rows = loop {
         let rows = world.operations().await;
