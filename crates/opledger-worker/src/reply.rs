@@ -63,13 +63,13 @@ impl Replier {
             ReplyStatus::Sent | ReplyStatus::Failed | ReplyStatus::Unknown => return Ok(()),
         }
         let Some(api) = self.bots.get(&view.received.bot) else {
-            if let Appended::Done = worker.append(view, OperationCommand::StartReply).await? {
-                let failed = OperationCommand::RecordReplyFailed {
-                    reason: format!("bot `{}` is not configured any more", view.received.bot),
-                    retry_at: None,
-                };
-                worker.append(view, failed).await?;
-            }
+            let failed = OperationCommand::RecordReplyFailed {
+                reason: format!("bot `{}` is not configured any more", view.received.bot),
+                retry_at: None,
+            };
+            worker
+                .append_all(view, [OperationCommand::StartReply, failed])
+                .await?;
             return Ok(());
         };
         let text = text(action, view);

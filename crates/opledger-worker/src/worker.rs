@@ -575,22 +575,13 @@ impl Worker {
                 return self.append_all(view, commands).await;
             }
         };
-        let mut state = view.state.clone();
-        let mut claim_events = Vec::new();
-        for command in &commands {
-            match decide(&state, command, now) {
-                Ok(events) => {
-                    for event in events {
-                        state = evolve(state, &event);
-                        claim_events.push(event);
-                    }
-                }
-                Err(rejection) => {
-                    self.record_outcome(&mut done, outcome).await?;
-                    return Ok(Appended::Refused(rejection));
-                }
+        let (claim_events, state) = match decide_all(&view.state, commands.clone(), now) {
+            Ok(decided) => decided,
+            Err(rejection) => {
+                self.record_outcome(&mut done, outcome).await?;
+                return Ok(Appended::Refused(rejection));
             }
-        }
+        };
         let requests = vec![
             request(
                 done.stream.clone(),
@@ -719,9 +710,7 @@ impl Worker {
             })?;
             match &event {
                 OperationEvent::Received(r) if received.is_none() => received = Some(r.clone()),
-                OperationEvent::Confirmed(_)
-                | OperationEvent::Failed(_)
-                | OperationEvent::Reconciled(_) => ending = Some(event.clone()),
+                event if ends(event) => ending = Some(event.clone()),
                 _ => {}
             }
             state = evolve(state, &event);
@@ -741,39 +730,21 @@ impl Worker {
         view: &mut View,
         command: OperationCommand,
     ) -> Result<Appended, StepError> {
-        let now = self.inner.clock.now();
-        match decide(&view.state, &command, now) {
-            Ok(events) if events.is_empty() => Ok(Appended::Done),
-            Ok(events) => self.append_events(view, events).await,
-            Err(rejection) => Ok(Appended::Refused(rejection)),
-        }
+        self.append_all(view, [command]).await
     }
 
     /// Decides `commands` one after the other on the view's state and appends all their
     /// events in one commit at the version read; refused as a whole if any is refused.
-    async fn append_all(
+    pub(crate) async fn append_all(
         &self,
         view: &mut View,
         commands: impl IntoIterator<Item = OperationCommand>,
     ) -> Result<Appended, StepError> {
-        let now = self.inner.clock.now();
-        let mut state = view.state.clone();
-        let mut events = Vec::new();
-        for command in commands {
-            match decide(&state, &command, now) {
-                Ok(decided) => {
-                    for event in decided {
-                        state = evolve(state, &event);
-                        events.push(event);
-                    }
-                }
-                Err(rejection) => return Ok(Appended::Refused(rejection)),
-            }
+        match decide_all(&view.state, commands, self.inner.clock.now()) {
+            Ok((events, _)) if events.is_empty() => Ok(Appended::Done),
+            Ok((events, _)) => self.append_events(view, events).await,
+            Err(rejection) => Ok(Appended::Refused(rejection)),
         }
-        if events.is_empty() {
-            return Ok(Appended::Done);
-        }
-        self.append_events(view, events).await
     }
 
     async fn append_events(
@@ -790,12 +761,7 @@ impl Worker {
         match self.inner.store.append(vec![append]).await {
             Ok(_) => {
                 for event in &events {
-                    if matches!(
-                        event,
-                        OperationEvent::Confirmed(_)
-                            | OperationEvent::Failed(_)
-                            | OperationEvent::Reconciled(_)
-                    ) {
+                    if ends(event) {
                         view.ending = Some(event.clone());
                     }
                     view.state = evolve(std::mem::take(&mut view.state), event);
@@ -926,6 +892,31 @@ enum Stepped {
 struct Pending {
     view: View,
     command: OperationCommand,
+}
+
+/// Decides `commands` one after the other from `state`: their events and the state after them.
+fn decide_all(
+    state: &Operation,
+    commands: impl IntoIterator<Item = OperationCommand>,
+    now: DateTime<Utc>,
+) -> Result<(Vec<OperationEvent>, Operation), opledger_domain::Rejection> {
+    let mut state = state.clone();
+    let mut events = Vec::new();
+    for command in commands {
+        for event in decide(&state, &command, now)? {
+            state = evolve(state, &event);
+            events.push(event);
+        }
+    }
+    Ok((events, state))
+}
+
+/// Whether `event` ends an operation (what its reply answers).
+fn ends(event: &OperationEvent) -> bool {
+    matches!(
+        event,
+        OperationEvent::Confirmed(_) | OperationEvent::Failed(_) | OperationEvent::Reconciled(_)
+    )
 }
 
 /// Orders a page of due operations by a hash of this worker's id and the operation, so that
