@@ -9,10 +9,19 @@
 //! and rebuilds.
 
 pub mod operation_status;
+pub mod projection;
+
+pub use projection::{Backend, Conn, Projection, Schema, definition_hash};
 
 use std::sync::Arc;
 
 use opledger_store::InlineProjections;
+
+/// Every read model opledger keeps, inline and asynchronous, in a fixed order: what the
+/// runner, `opledger projections`, and `opledger replay` work through.
+pub fn builtin() -> Vec<Arc<dyn Projection>> {
+    vec![]
+}
 
 /// The inline projections every opledger store keeps.
 pub fn inline() -> InlineProjections {

@@ -26,7 +26,9 @@ pub struct AnyOptions {
     pub inline: InlineProjections,
 }
 
-/// The read pool of whichever backend, for read models that live in the ledger's database.
+/// A connection pool of whichever backend, for read models that live in the ledger's database:
+/// the read pool ([`AnyStore::reader`]) or the projections' writable one
+/// ([`AnyStore::projection_pool`]).
 #[derive(Clone, Copy, Debug)]
 pub enum ReadPool<'a> {
     Sqlite(&'a sqlx::SqlitePool),
@@ -76,6 +78,15 @@ impl AnyStore {
         match self {
             AnyStore::Sqlite(store) => ReadPool::Sqlite(store.reader()),
             AnyStore::Postgres(store) => ReadPool::Postgres(store.reader()),
+        }
+    }
+
+    /// Writable connections for read models kept outside the append transactions (see
+    /// [`SqliteStore::projection_pool`], [`PgStore::projection_pool`]).
+    pub fn projection_pool(&self) -> ReadPool<'_> {
+        match self {
+            AnyStore::Sqlite(store) => ReadPool::Sqlite(store.projection_pool()),
+            AnyStore::Postgres(store) => ReadPool::Postgres(store.projection_pool()),
         }
     }
 

@@ -50,6 +50,9 @@ const CHANNEL: &str = "opledger_events";
 pub struct PgOptions {
     /// Connections in the read pool.
     pub read_connections: u32,
+    /// Connections for asynchronous read models: one per projection runner holds its advisory
+    /// lock, plus their transactions.
+    pub projection_connections: u32,
     /// How long an append waits for a lock held by another instance before it fails with
     /// [`StoreError::Unavailable`] (`SET LOCAL lock_timeout`).
     pub lock_timeout: Duration,
@@ -66,6 +69,7 @@ impl Default for PgOptions {
     fn default() -> Self {
         Self {
             read_connections: 8,
+            projection_connections: 8,
             lock_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
             application_name: "opledger".to_owned(),
@@ -85,6 +89,7 @@ pub struct PgStore {
 #[derive(Debug)]
 struct Inner {
     readers: PgPool,
+    projections: PgPool,
     appender: Appender,
     listener: JoinHandle<()>,
 }
@@ -131,6 +136,12 @@ impl PgStore {
             )
             .await
             .map_err(open_error)?;
+        // Asynchronous read models write on their own connections (transactions, and a session
+        // advisory lock per projection runner), never on the readers'.
+        let projections = PgPoolOptions::new()
+            .max_connections(options.projection_connections.max(2))
+            .acquire_timeout(options.connect_timeout)
+            .connect_lazy_with(connect.clone());
         let (head, _) = watch::channel(head.position);
         let listener = tokio::spawn(listen(connect.clone(), head.clone()));
         let writer = PgWriter {
@@ -150,6 +161,7 @@ impl PgStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 readers,
+                projections,
                 appender,
                 listener,
             }),
@@ -162,11 +174,18 @@ impl PgStore {
         self.inner.appender.close().await;
         self.inner.listener.abort();
         self.inner.readers.close().await;
+        self.inner.projections.close().await;
     }
 
     /// The read pool, for read models that live in the same database.
     pub fn reader(&self) -> &PgPool {
         &self.inner.readers
+    }
+
+    /// Connections for read models kept outside the append transactions (asynchronous
+    /// projections, rebuilds, their advisory locks). Never for the ledger's own tables.
+    pub fn projection_pool(&self) -> &PgPool {
+        &self.inner.projections
     }
 }
 

@@ -80,6 +80,7 @@ pub struct SqliteStore {
 #[derive(Debug)]
 struct Inner {
     readers: SqlitePool,
+    projections: SqlitePool,
     appender: Appender,
     checkpointer: tokio::task::JoinHandle<()>,
 }
@@ -117,6 +118,11 @@ impl SqliteStore {
             )
             .await
             .map_err(open_error)?;
+        // Asynchronous read models write beside the appender: SQLite serializes their
+        // transactions with the appender's (`BEGIN IMMEDIATE`, waiting up to `busy_timeout`).
+        let projections = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_lazy_with(connect.clone().create_if_missing(false));
         let checkpointer = tokio::spawn(checkpoint(connect.clone()));
         let writer = SqliteWriter {
             // The writer never checkpoints in its commits: the checkpointer does, beside it.
@@ -129,6 +135,7 @@ impl SqliteStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 readers,
+                projections,
                 appender,
                 checkpointer,
             }),
@@ -141,11 +148,18 @@ impl SqliteStore {
         self.inner.appender.close().await;
         self.inner.checkpointer.abort();
         self.inner.readers.close().await;
+        self.inner.projections.close().await;
     }
 
     /// The read pool (`query_only` connections), for read models that live in the same file.
     pub fn reader(&self) -> &SqlitePool {
         &self.inner.readers
+    }
+
+    /// A small pool of writable connections for read models kept outside the append
+    /// transactions (asynchronous projections, rebuilds). Never for the ledger's own tables.
+    pub fn projection_pool(&self) -> &SqlitePool {
+        &self.inner.projections
     }
 }
 
