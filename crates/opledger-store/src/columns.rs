@@ -64,3 +64,37 @@ pub(crate) fn to_schema_version(value: i64) -> Result<u32, sqlx::Error> {
 pub(crate) fn limit_param(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
+
+/// Every event in position order, for a verifier that streams through the ledger in one query.
+pub(crate) const SCAN_EVENTS: &str = select_events!("ORDER BY position");
+/// Events from `$1` to `$2`, in position order.
+pub(crate) const READ_RANGE: &str =
+    select_events!("WHERE position >= $1 AND position <= $2 ORDER BY position LIMIT $3");
+/// The second pass of a verification, as queries that return only what is wrong, so that the
+/// database checks every event in its own code and hands nothing over for a healthy ledger. They
+/// walk indexes with a lookup per stream: no sort, no hash table, flat memory.
+///
+/// `streams` rows that disagree with their events: the row's version, and the number, first and
+/// last version of the stream's events (one index range per stream, grouped in the rows' order).
+/// None means every stream's events are versions `1..=n` (they are unique by the `(stream_id,
+/// version)` constraint) and its row says `n`.
+pub(crate) const STREAM_ROWS: &str = "SELECT s.stream_id, s.version, count(e.version), \
+     min(e.version), max(e.version) FROM streams s LEFT JOIN events e ON e.stream_id = s.stream_id \
+     GROUP BY s.stream_id, s.version \
+     HAVING max(e.version) IS NULL OR s.version <> max(e.version) \
+       OR count(e.version) <> max(e.version) OR min(e.version) <> 1";
+/// One stream's versions and positions in version order, to find where a stream that disagrees
+/// goes wrong.
+pub(crate) const STREAM_EVENTS: &str =
+    "SELECT version, position FROM events WHERE stream_id = $1 ORDER BY version";
+/// The position of one stream's event at one version.
+pub(crate) const EVENT_POSITION: &str =
+    "SELECT position FROM events WHERE stream_id = $1 AND version = $2";
+/// Streams with events but no `streams` row, with their first event's position.
+pub(crate) const STREAMS_MISSING: &str = "SELECT e.stream_id, e.position FROM events e \
+     WHERE e.version = 1 AND NOT EXISTS (SELECT 1 FROM streams s WHERE s.stream_id = e.stream_id)";
+/// How many streams there are.
+pub(crate) const COUNT_STREAMS: &str = "SELECT count(*) FROM streams";
+/// The first event at or after `$1`: its position and when it was recorded.
+pub(crate) const POSITION_TIME: &str =
+    "SELECT position, recorded_at FROM events WHERE position >= $1 ORDER BY position LIMIT 1";

@@ -6,7 +6,8 @@
 //! - Appends are group-committed ([`GroupCommitOptions`]): concurrent calls share one durable
 //!   transaction, and each caller gets its own result.
 //! - Positions are gapless and in commit order, so "the last position I saw" is a safe cursor.
-//! - [`chain`] defines the SHA-256 hash chain that makes the history tamper-evident.
+//! - [`chain`] defines the SHA-256 hash chain that makes the history tamper-evident;
+//!   [`verify`] checks a whole ledger against it, through a read-only [`LedgerReader`].
 //!
 //! Architecture invariant: this crate knows nothing of operations, Telegram or any event's
 //! meaning; payloads are opaque JSON bytes.
@@ -20,6 +21,7 @@ mod group_commit;
 pub mod inline;
 mod model;
 pub mod postgres;
+mod reader;
 pub mod sqlite;
 mod store;
 mod tail;
@@ -35,6 +37,7 @@ pub use model::{
     NewEvent, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion, empty_object, event_id,
 };
 pub use postgres::{PgOptions, PgStore};
+pub use reader::LedgerReader;
 pub use sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use store::{EventStore, HeadWatch};
 pub use tail::Tail;

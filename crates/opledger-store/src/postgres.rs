@@ -205,7 +205,7 @@ fn connect_options(url: &str, options: &PgOptions) -> Result<PgConnectOptions, O
 }
 
 /// sqlx's URL errors may quote the URL, password included; keep only the kind of problem.
-fn redacted_reason(error: &sqlx::Error) -> String {
+pub(crate) fn redacted_reason(error: &sqlx::Error) -> String {
     match error {
         sqlx::Error::Configuration(source) => {
             let text = source.to_string();
@@ -237,7 +237,7 @@ fn sqlstate(error: &sqlx::Error) -> Option<String> {
     Some(error.as_database_error()?.code()?.into_owned())
 }
 
-fn open_error(source: sqlx::Error) -> OpenError {
+pub(crate) fn open_error(source: sqlx::Error) -> OpenError {
     match sqlstate(&source).as_deref() {
         // read_only_sql_transaction: a standby, or default_transaction_read_only.
         Some("25006") => OpenError::ReadOnly { source },
@@ -270,7 +270,7 @@ fn retryable(error: &sqlx::Error) -> bool {
 }
 
 /// Sorts a database error into "retry later" and "bug or corruption".
-fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
+pub(crate) fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
     if retryable(&error) {
         StoreError::unavailable(operation, error)
     } else {
@@ -278,7 +278,7 @@ fn classify(operation: &'static str, error: sqlx::Error) -> StoreError {
     }
 }
 
-async fn read_head(connection: &mut PgConnection) -> Result<Head, sqlx::Error> {
+pub(crate) async fn read_head(connection: &mut PgConnection) -> Result<Head, sqlx::Error> {
     let row = sqlx::query(READ_HEAD).fetch_one(connection).await?;
     Ok(Head {
         position: to_u64(row.try_get(0)?, "last_position")?,
@@ -286,7 +286,7 @@ async fn read_head(connection: &mut PgConnection) -> Result<Head, sqlx::Error> {
     })
 }
 
-fn event_from_row(row: &PgRow) -> Result<RecordedEvent, sqlx::Error> {
+pub(crate) fn event_from_row(row: &PgRow) -> Result<RecordedEvent, sqlx::Error> {
     Ok(RecordedEvent {
         position: to_u64(row.try_get(0)?, "position")?,
         stream_id: to_stream_id(row.try_get(1)?)?,

@@ -254,7 +254,7 @@ const SQLITE_FULL: i32 = 13;
 const SQLITE_CANTOPEN: i32 = 14;
 const SQLITE_NOTADB: i32 = 26;
 
-fn open_error(source: sqlx::Error) -> OpenError {
+pub(crate) fn open_error(source: sqlx::Error) -> OpenError {
     match primary_code(&source) {
         Some(SQLITE_READONLY) => OpenError::ReadOnly { source },
         Some(SQLITE_CORRUPT | SQLITE_NOTADB) => OpenError::NotALedger { source },
@@ -295,12 +295,12 @@ pub(crate) fn classify(operation: &'static str, error: sqlx::Error) -> StoreErro
     }
 }
 
-async fn read_head(connection: &mut SqliteConnection) -> Result<Head, sqlx::Error> {
+pub(crate) async fn read_head(connection: &mut SqliteConnection) -> Result<Head, sqlx::Error> {
     let row = sqlx::query(READ_HEAD).fetch_one(connection).await?;
     head_from_row(&row)
 }
 
-fn head_from_row(row: &SqliteRow) -> Result<Head, sqlx::Error> {
+pub(crate) fn head_from_row(row: &SqliteRow) -> Result<Head, sqlx::Error> {
     let position: i64 = row.try_get(0)?;
     let hash: Vec<u8> = row.try_get(1)?;
     Ok(Head {
@@ -309,7 +309,7 @@ fn head_from_row(row: &SqliteRow) -> Result<Head, sqlx::Error> {
     })
 }
 
-fn event_from_row(row: &SqliteRow) -> Result<RecordedEvent, sqlx::Error> {
+pub(crate) fn event_from_row(row: &SqliteRow) -> Result<RecordedEvent, sqlx::Error> {
     let event_id: Vec<u8> = row.try_get(3)?;
     Ok(RecordedEvent {
         position: to_u64(row.try_get(0)?, "position")?,

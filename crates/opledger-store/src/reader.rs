@@ -1,0 +1,294 @@
+//! A read-only view of a ledger, for audits, exports, timelines and point-in-time replays.
+//!
+//! [`LedgerReader`] runs no migration, starts no writer and never writes: a SQLite ledger is
+//! opened read-only (its file is left byte for byte as it was, even its write-ahead log is never
+//! checkpointed by us), a PostgreSQL one with `default_transaction_read_only`. So an auditor can
+//! point it at a live ledger, a copy, or a standby, and reading cannot change what is read.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::TryStreamExt;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
+use sqlx::{ConnectOptions, Row};
+use tokio::sync::mpsc;
+
+use crate::any::ReadPool;
+use crate::columns::{POSITION_TIME, READ_HEAD, READ_RANGE, READ_STREAM, limit_param, to_i64};
+use crate::error::{OpenError, StoreError};
+use crate::model::{Head, Position, RecordedEvent, StreamId, StreamVersion, micros_to_datetime};
+use crate::{postgres, sqlite};
+
+/// How long to wait for a connection or a busy SQLite file.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A read-only connection pool on a ledger of either backend. Cheap to clone.
+#[derive(Clone, Debug)]
+pub enum LedgerReader {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl LedgerReader {
+    /// Opens the ledger at `url` read-only. It must exist and be an opledger ledger: nothing is
+    /// created or migrated.
+    pub async fn open(url: &str) -> Result<Self, OpenError> {
+        let reader = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let connect = PgConnectOptions::from_str(url)
+                .map_err(|e| OpenError::BadUrl {
+                    reason: postgres::redacted_reason(&e),
+                })?
+                .application_name("opledger-reader")
+                .options([("default_transaction_read_only", "on")])
+                // A scan of the whole ledger is one long statement by design, not a slow one.
+                .disable_statement_logging();
+            let pool = PgPoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(WAIT)
+                .connect_with(connect)
+                .await
+                .map_err(postgres::open_error)?;
+            LedgerReader::Postgres(pool)
+        } else if url.starts_with("sqlite:") {
+            if url.contains(":memory:") || url.contains("mode=memory") {
+                return Err(OpenError::BadUrl {
+                    reason: "an in-memory database holds no ledger".into(),
+                });
+            }
+            let connect = SqliteConnectOptions::from_str(url)
+                .map_err(|e| OpenError::BadUrl {
+                    reason: e.to_string(),
+                })?
+                .read_only(true)
+                .create_if_missing(false)
+                .busy_timeout(WAIT)
+                // A scan of the whole ledger is one long statement by design, not a slow one.
+                .disable_statement_logging();
+            let pool = SqlitePoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(WAIT)
+                .connect_with(connect)
+                .await
+                .map_err(sqlite::open_error)?;
+            LedgerReader::Sqlite(pool)
+        } else {
+            let scheme = url.split_once(':').map_or("none", |(scheme, _)| scheme);
+            return Err(OpenError::BadUrl {
+                reason: format!("unsupported scheme `{scheme}`"),
+            });
+        };
+        // A database without the ledger's tables is not a ledger (a wrong path or name).
+        reader
+            .head_sql()
+            .await
+            .map_err(|source| OpenError::NotALedger { source })?;
+        Ok(reader)
+    }
+
+    /// The pool, for read models that live in the ledger's database (`operation_status`).
+    pub fn pool(&self) -> ReadPool<'_> {
+        match self {
+            LedgerReader::Sqlite(pool) => ReadPool::Sqlite(pool),
+            LedgerReader::Postgres(pool) => ReadPool::Postgres(pool),
+        }
+    }
+
+    /// Releases every connection.
+    pub async fn close(&self) {
+        match self {
+            LedgerReader::Sqlite(pool) => pool.close().await,
+            LedgerReader::Postgres(pool) => pool.close().await,
+        }
+    }
+
+    /// Sorts a database error into "retry later" and "bug or corruption".
+    pub(crate) fn classify(&self, operation: &'static str, error: sqlx::Error) -> StoreError {
+        match self {
+            LedgerReader::Sqlite(_) => sqlite::classify(operation, error),
+            LedgerReader::Postgres(_) => postgres::classify(operation, error),
+        }
+    }
+
+    async fn head_sql(&self) -> Result<Head, sqlx::Error> {
+        match self {
+            LedgerReader::Sqlite(pool) => {
+                let row = sqlx::query(READ_HEAD).fetch_one(pool).await?;
+                sqlite::head_from_row(&row)
+            }
+            LedgerReader::Postgres(pool) => {
+                let mut connection = pool.acquire().await?;
+                postgres::read_head(&mut connection).await
+            }
+        }
+    }
+
+    /// The last committed position and hash, as the `ledger_head` row says.
+    pub async fn head(&self) -> Result<Head, StoreError> {
+        self.head_sql()
+            .await
+            .map_err(|e| self.classify("reading the head", e))
+    }
+
+    /// Events with `from <= position <= to`, in position order, at most `limit`.
+    pub async fn read_range(
+        &self,
+        from: Position,
+        to: Position,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let classify = |e| self.classify("reading events", e);
+        let (from, to, limit) = (
+            to_i64(from),
+            to_i64(to.min(i64::MAX as u64)),
+            limit_param(limit),
+        );
+        let mut events = Vec::new();
+        match self {
+            LedgerReader::Sqlite(pool) => {
+                let mut rows = sqlx::query(READ_RANGE)
+                    .bind(from)
+                    .bind(to)
+                    .bind(limit)
+                    .fetch(pool);
+                while let Some(row) = rows.try_next().await.map_err(classify)? {
+                    events.push(sqlite::event_from_row(&row).map_err(classify)?);
+                }
+            }
+            LedgerReader::Postgres(pool) => {
+                let mut rows = sqlx::query(READ_RANGE)
+                    .bind(from)
+                    .bind(to)
+                    .bind(limit)
+                    .fetch(pool);
+                while let Some(row) = rows.try_next().await.map_err(classify)? {
+                    events.push(postgres::event_from_row(&row).map_err(classify)?);
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    /// Events `from..=to` in pages of at most `page` events, read by a task of its own a few
+    /// pages ahead of the caller, so that reading and processing overlap. The pages come in
+    /// position order; an error ends them, and so does the ledger's end (a caller that needs
+    /// every position up to `to` checks the last one it got).
+    pub fn read_ahead(
+        &self,
+        from: Position,
+        to: Position,
+        page: usize,
+    ) -> mpsc::Receiver<Result<Vec<RecordedEvent>, StoreError>> {
+        /// Pages read ahead of the one being processed.
+        const AHEAD: usize = 2;
+        let (sender, receiver) = mpsc::channel(AHEAD);
+        let reader = self.clone();
+        tokio::spawn(async move {
+            let mut next = from;
+            while next <= to {
+                let result = reader.read_range(next, to, page).await;
+                let last = match &result {
+                    Ok(events) => match events.last() {
+                        Some(last) => Some(last.position),
+                        None => return,
+                    },
+                    Err(_) => None,
+                };
+                if sender.send(result).await.is_err() {
+                    return;
+                }
+                let Some(last) = last else { return };
+                next = last + 1;
+            }
+        });
+        receiver
+    }
+
+    /// Events with `position >= from`, in position order, at most `limit`.
+    pub async fn read_all(
+        &self,
+        from: Position,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        self.read_range(from, Position::MAX, limit).await
+    }
+
+    /// Events of one stream with `version >= from_version`, in version order, at most `limit`.
+    pub async fn read_stream(
+        &self,
+        stream: &StreamId,
+        from_version: StreamVersion,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let classify = |e| self.classify("reading a stream", e);
+        match self {
+            LedgerReader::Sqlite(pool) => sqlx::query(READ_STREAM)
+                .bind(stream.as_str())
+                .bind(to_i64(from_version))
+                .bind(limit_param(limit))
+                .try_map(|row: SqliteRow| sqlite::event_from_row(&row))
+                .fetch_all(pool)
+                .await
+                .map_err(classify),
+            LedgerReader::Postgres(pool) => sqlx::query(READ_STREAM)
+                .bind(stream.as_str())
+                .bind(to_i64(from_version))
+                .bind(limit_param(limit))
+                .try_map(|row: PgRow| postgres::event_from_row(&row))
+                .fetch_all(pool)
+                .await
+                .map_err(classify),
+        }
+    }
+
+    /// The first event at or after `position`: its position and when it was recorded.
+    async fn time_at(
+        &self,
+        position: Position,
+    ) -> Result<Option<(Position, DateTime<Utc>)>, StoreError> {
+        let classify = |e| self.classify("reading when an event was recorded", e);
+        let row = match self {
+            LedgerReader::Sqlite(pool) => sqlx::query(POSITION_TIME)
+                .bind(to_i64(position))
+                .try_map(|row: SqliteRow| {
+                    Ok((
+                        row.try_get::<i64, _>(0)?,
+                        micros_to_datetime(row.try_get(1)?),
+                    ))
+                })
+                .fetch_optional(pool)
+                .await
+                .map_err(classify)?,
+            LedgerReader::Postgres(pool) => sqlx::query(POSITION_TIME)
+                .bind(to_i64(position))
+                .try_map(|row: PgRow| Ok((row.try_get::<i64, _>(0)?, row.try_get(1)?)))
+                .fetch_optional(pool)
+                .await
+                .map_err(classify)?,
+        };
+        Ok(row.map(|(p, at)| (u64::try_from(p).unwrap_or(0), at)))
+    }
+
+    /// The last position recorded at or before `time` (0 if the first event is later), among
+    /// positions up to `head`. `recorded_at` never decreases along positions (the store
+    /// guarantees it and `audit verify` checks it), so this is a binary search of a few point
+    /// reads, not a scan.
+    pub async fn last_position_at(
+        &self,
+        time: DateTime<Utc>,
+        head: Position,
+    ) -> Result<Position, StoreError> {
+        // Invariant: every position <= `low` was recorded at or before `time`; every position
+        // > `high` after it.
+        let (mut low, mut high) = (0, head);
+        while low < high {
+            let middle = low + (high - low).div_ceil(2);
+            match self.time_at(middle).await? {
+                Some((found, at)) if found <= high && at <= time => low = found.max(middle),
+                _ => high = middle - 1,
+            }
+        }
+        Ok(low)
+    }
+}
