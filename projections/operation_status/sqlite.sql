@@ -1,7 +1,9 @@
 -- operation_status (SQLite): one row per operation, updated inline with every append to its
--- stream. Disposable: it can be dropped and rebuilt from the ledger. Times are microseconds since
+-- stream. Disposable: it can be dropped and rebuilt from the ledger (`opledger projections
+-- rebuild operation_status`). `{table}` and `{index}` are filled in per version (see
+-- crates/opledger-projections/src/projection.rs). Times are microseconds since
 -- the Unix epoch (UTC), like the ledger's.
-CREATE TABLE IF NOT EXISTS operation_status (
+CREATE TABLE "{table}" (
     operation_id  TEXT    NOT NULL UNIQUE,
     stream_id     TEXT    NOT NULL UNIQUE,
     action        TEXT    NOT NULL,
@@ -24,10 +26,12 @@ CREATE TABLE IF NOT EXISTS operation_status (
     version       INTEGER NOT NULL,
     last_position INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS operation_status_due ON operation_status (due_at)
+
+-- indexes
+CREATE INDEX "{index}_due" ON "{table}" (due_at)
     WHERE due_at IS NOT NULL;
 -- The same queue without the terminal operations waiting only for their reply, for workers that
 -- send no replies (its predicate is repeated verbatim in the worker's query).
-CREATE INDEX IF NOT EXISTS operation_status_work_due ON operation_status (due_at)
+CREATE INDEX "{index}_work_due" ON "{table}" (due_at)
     WHERE due_at IS NOT NULL AND status NOT IN ('confirmed', 'failed', 'reconciled');
-CREATE INDEX IF NOT EXISTS operation_status_by_user ON operation_status (bot, user_id, updated_at);
+CREATE INDEX "{index}_by_user" ON "{table}" (bot, user_id, updated_at);

@@ -1,6 +1,8 @@
 //! opledger's black-box tests, in one test binary: the event store conformance suite per backend,
 //! crash tests with real child processes, the `opledger` command line, and house-style checks.
 
+mod api;
+mod audit;
 mod buttons;
 mod cli;
 mod conformance;
@@ -9,8 +11,12 @@ mod fixtures;
 mod intake;
 mod polling;
 mod postgres;
+mod projections;
+mod read_models;
 mod reconcile;
+mod replay;
 mod serve;
+mod status;
 mod storage_failure;
 mod support;
 mod tidy;

@@ -59,6 +59,16 @@ pub(crate) enum Command {
     /// Operations whose outcome nobody knows: list them, and record what a person found out.
     #[command(subcommand)]
     Reconcile(cmd::reconcile::Reconcile),
+    /// Read models: list them with their checkpoints and lag, rebuild one blue/green.
+    #[command(subcommand)]
+    Projections(cmd::projections::Projections),
+    /// Prove the history untouched: verify the hash chain, export it, print its head.
+    #[command(subcommand)]
+    Audit(cmd::audit::Audit),
+    /// One operation's history: its events, their causes, operators and times.
+    Timeline(cmd::timeline::Timeline),
+    /// Build the read models as of a past position or time into a separate SQLite file.
+    Replay(cmd::replay::Replay),
 }
 
 /// Parses the command line, runs the command and maps the outcome to an exit code.
@@ -95,6 +105,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ops(ops) => ops.run(&url).await,
         Command::Webhook(webhook) => webhook.run(&config).await,
         Command::Reconcile(reconcile) => reconcile.run(&url).await,
+        Command::Projections(projections) => projections.run(&url).await,
+        Command::Audit(audit) => audit.run(&url).await,
+        Command::Timeline(timeline) => timeline.run(&url).await,
+        Command::Replay(replay) => replay.run(&url).await,
     }
 }
 
@@ -110,8 +124,14 @@ fn init_tracing() {
         .init();
 }
 
+/// A command-line value that the ledger cannot serve (a position beyond its head, a time before
+/// its first event): exits with code 2, like the usage errors the parser finds itself.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct BadUsage(pub(crate) String);
+
 /// Prints an error and its causes as one line. A cause whose text the previous message already
-/// contains is not repeated. A bad configuration exits with 2, anything else with 1.
+/// contains is not repeated. A bad configuration or usage exits with 2, anything else with 1.
 fn report(error: &anyhow::Error) -> ExitCode {
     let mut line = String::new();
     for cause in error.chain() {
@@ -124,7 +144,10 @@ fn report(error: &anyhow::Error) -> ExitCode {
         }
     }
     eprintln!("error: {line}");
-    if error.chain().any(|cause| cause.is::<settings::BadConfig>()) {
+    if error
+        .chain()
+        .any(|cause| cause.is::<settings::BadConfig>() || cause.is::<BadUsage>())
+    {
         ExitCode::from(2)
     } else {
         ExitCode::FAILURE

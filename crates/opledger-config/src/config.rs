@@ -10,7 +10,7 @@ use secrecy::{ExposeSecret, SecretString};
 use url::Url;
 
 use crate::error::{ConfigError, List};
-use crate::raw::{self, RawAction, RawBot, RawEffector, RawReply, RawServer, RawStorage};
+use crate::raw::{self, RawAction, RawApi, RawBot, RawEffector, RawReply, RawServer, RawStorage};
 use crate::template::{
     KeyTemplate, RESERVED_PARAM_NAMES, ReplyKind, ReplyTemplate, UrlTemplate, check_http_url,
 };
@@ -20,6 +20,11 @@ pub const RESERVED_COMMANDS: [&str; 2] = ["help", "status"];
 
 /// Telegram's rule for bot commands: 1 to 32 characters.
 const MAX_COMMAND_LEN: usize = 32;
+
+/// The shortest admin token accepted: shorter ones can be guessed.
+const MIN_ADMIN_TOKEN_LEN: usize = 16;
+/// The longest admin token accepted (it travels in a header).
+const MAX_ADMIN_TOKEN_LEN: usize = 512;
 
 /// The longest environment variable name accepted.
 const MAX_ENV_NAME_LEN: usize = 128;
@@ -49,6 +54,8 @@ pub struct Config {
     pub storage: StorageConfig,
     /// The HTTP server: webhook intake, read API, health.
     pub server: ServerConfig,
+    /// The read API under `/v1`: on only when an admin token is configured.
+    pub api: ApiConfig,
     /// The Telegram bots served, names unique.
     pub bots: Vec<BotConfig>,
     /// Commands mapped to business actions; each names one of `bots`.
@@ -62,6 +69,7 @@ impl Default for Config {
         Config {
             storage: StorageConfig::default(),
             server: ServerConfig::default(),
+            api: ApiConfig::default(),
             bots: Vec::new(),
             actions: Vec::new(),
         }
@@ -82,6 +90,10 @@ impl Config {
         let server = match raw.server {
             Some(server) => ServerConfig::from_raw(server)?,
             None => ServerConfig::default(),
+        };
+        let api = match raw.api {
+            Some(api) => ApiConfig::from_raw(api, env)?,
+            None => ApiConfig::default(),
         };
 
         let mut bots: Vec<BotConfig> = Vec::with_capacity(raw.bots.len());
@@ -131,6 +143,7 @@ impl Config {
         Ok(Config {
             storage,
             server,
+            api,
             bots,
             actions,
         })
@@ -389,6 +402,47 @@ impl ServerConfig {
             shutdown_grace: millis(shutdown_grace_ms),
             dedup_retention: hours(dedup_retention_hours),
             store_raw_updates: raw.store_raw_updates.unwrap_or(false),
+        })
+    }
+}
+
+/// The read API's settings (`[api]`).
+///
+/// The API under `/v1` shows operations, events and queues to operators, so it answers only
+/// requests that carry the admin token (`Authorization: Bearer …`); without a token configured
+/// it is off. The token is read from the environment variable `admin_token_env` names, like
+/// every other secret.
+#[derive(Debug, Clone, Default)]
+pub struct ApiConfig {
+    /// The environment variable the admin token was read from, for messages.
+    pub admin_token_env: Option<String>,
+    /// The admin token; `None` turns the read API off. Never log it.
+    pub admin_token: Option<SecretString>,
+}
+
+impl ApiConfig {
+    fn from_raw(raw: RawApi, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let Some(var) = raw.admin_token_env else {
+            return Ok(ApiConfig::default());
+        };
+        let key = "api.admin_token_env";
+        let token = read_secret(key, &var, "the read API's admin token", env)?;
+        let text = token.expose_secret();
+        let valid = (MIN_ADMIN_TOKEN_LEN..=MAX_ADMIN_TOKEN_LEN).contains(&text.len())
+            && text.bytes().all(|b| b.is_ascii_graphic());
+        if !valid {
+            return Err(ConfigError::key_problem(
+                key,
+                format!(
+                    "environment variable `{var}` does not hold a usable admin token; use \
+                     {MIN_ADMIN_TOKEN_LEN} to {MAX_ADMIN_TOKEN_LEN} visible ASCII characters \
+                     without spaces, e.g. the output of `openssl rand -hex 32`"
+                ),
+            ));
+        }
+        Ok(ApiConfig {
+            admin_token_env: Some(var),
+            admin_token: Some(token),
         })
     }
 }

@@ -10,7 +10,7 @@
 //! itself; only the CLI does, and passes the results in. So every rule here is tested with
 //! literal text and a fake environment.
 //!
-//! Secrets (bot tokens, webhook secrets) never appear in the file: `*_env` keys name the
+//! Secrets (bot tokens, webhook secrets, the admin token) never appear in the file: `*_env` keys name the
 //! environment variables that hold them, and they are kept as [`secrecy::SecretString`], so
 //! `Debug` output and error messages never show them. The key reference is `docs/config.md`.
 //!
@@ -22,8 +22,8 @@ mod raw;
 pub mod template;
 
 pub use config::{
-    ActionConfig, BotConfig, BotMode, Config, EffectorConfig, RESERVED_COMMANDS, ReplyConfig,
-    ServerConfig, StorageBackend, StorageConfig, StorageUrl,
+    ActionConfig, ApiConfig, BotConfig, BotMode, Config, EffectorConfig, RESERVED_COMMANDS,
+    ReplyConfig, ServerConfig, StorageBackend, StorageConfig, StorageUrl,
 };
 pub use error::{ConfigError, RenderError, TemplateError};
 pub use secrecy::{ExposeSecret, SecretString};

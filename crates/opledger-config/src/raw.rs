@@ -13,6 +13,7 @@ use crate::error::ConfigError;
 pub(crate) struct RawConfig {
     pub(crate) storage: Option<RawStorage>,
     pub(crate) server: Option<RawServer>,
+    pub(crate) api: Option<RawApi>,
     #[serde(default)]
     pub(crate) bots: Vec<RawBot>,
     #[serde(default)]
@@ -34,6 +35,12 @@ pub(crate) struct RawServer {
     pub(crate) shutdown_grace_ms: Option<i64>,
     pub(crate) dedup_retention_hours: Option<i64>,
     pub(crate) store_raw_updates: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApi {
+    pub(crate) admin_token_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,12 +89,13 @@ pub(crate) struct RawReply {
 /// The keys each table accepts, for the advice after an unknown key.
 fn known_keys(table: &[&str]) -> &'static str {
     match table {
-        [] => "storage, server, bots, actions",
+        [] => "storage, server, api, bots, actions",
         ["storage"] => "url",
         ["server"] => {
             "listen, body_limit_bytes, request_timeout_ms, shutdown_grace_ms, \
              dedup_retention_hours, store_raw_updates"
         }
+        ["api"] => "admin_token_env",
         ["bots"] => {
             "name, token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, \
              max_connections"
@@ -179,7 +187,7 @@ fn key_error(path: &Path, message: &str) -> ConfigError {
         }
         key.push_str(name);
         let problem = match name {
-            "token" | "webhook_secret" | "password" | "secret" => format!(
+            "token" | "webhook_secret" | "admin_token" | "password" | "secret" => format!(
                 "unknown key; secrets never go in the config file: name the environment \
                  variable that holds it with `{name}_env` (keys allowed here: {})",
                 known_keys(&table)

@@ -9,12 +9,16 @@ use opledger_config::{
 
 const TOKEN: &str = "123456:CANARY-token-value_xyz";
 const WEBHOOK_SECRET: &str = "canary_webhook-secret";
+const ADMIN_TOKEN: &str = "CANARY-admin-token-0123456789abcdef";
 
 /// The environment the tests run with: only the variables they name.
 fn env(name: &str) -> Option<String> {
     match name {
         "SHOP_BOT_TOKEN" | "OTHER_BOT_TOKEN" => Some(TOKEN.to_owned()),
         "SHOP_WEBHOOK_SECRET" => Some(WEBHOOK_SECRET.to_owned()),
+        "OPLEDGER_ADMIN_TOKEN" => Some(ADMIN_TOKEN.to_owned()),
+        "SHORT_TOKEN" => Some("only-15-letters".to_owned()),
+        "SPACED_TOKEN" => Some("an admin token with spaces".to_owned()),
         "EMPTY_VAR" => Some(String::new()),
         "BAD_SECRET" => Some("has spaces and !".to_owned()),
         _ => None,
@@ -95,6 +99,14 @@ fn example_file_parses_with_its_variables_set() {
     let signup = config.action("signup").unwrap();
     assert_eq!(signup.repeat_window, None);
     assert!(signup.effector.as_ref().unwrap().honours_idempotency_key);
+    assert_eq!(
+        config.api.admin_token_env.as_deref(),
+        Some("OPLEDGER_ADMIN_TOKEN")
+    );
+    assert_eq!(
+        config.api.admin_token.as_ref().map(|t| t.expose_secret()),
+        Some(ADMIN_TOKEN)
+    );
 }
 
 #[test]
@@ -108,6 +120,7 @@ fn example_file_uses_every_key() {
         "shutdown_grace_ms",
         "dedup_retention_hours",
         "store_raw_updates",
+        "admin_token_env",
         "name",
         "token_env",
         "webhook_secret_env",
@@ -148,6 +161,7 @@ fn no_file_means_the_defaults() {
         Duration::from_secs(72 * 3600)
     );
     assert!(!config.server.store_raw_updates);
+    assert!(config.api.admin_token.is_none(), "the read API is off");
     assert!(config.bots.is_empty() && config.actions.is_empty());
     // An empty file is the same as no file.
     assert_eq!(format!("{:?}", parse("").unwrap()), format!("{config:?}"));
@@ -207,7 +221,8 @@ api_base_url = "http://127.0.0.1:8081/"
 #[test]
 fn debug_output_shows_no_secret() {
     let text = format!(
-        "[storage]\nurl = \"postgres://app:CANARY-db-password@db.example/ledger\"\n{BOT}{ACTION}"
+        "[storage]\nurl = \"postgres://app:CANARY-db-password@db.example/ledger\"\n\
+         [api]\nadmin_token_env = \"OPLEDGER_ADMIN_TOKEN\"\n{BOT}{ACTION}"
     );
     let config = parse(&text).unwrap();
     let debug = format!("{config:?}");
@@ -246,7 +261,7 @@ fn unknown_key_at_top_level() {
     assert_eq!(
         error("[storge]\nurl = \"sqlite://x.db\"\n"),
         "config key `storge`: unknown key; check its spelling (keys allowed here: storage, \
-         server, bots, actions)"
+         server, api, bots, actions)"
     );
 }
 
@@ -282,6 +297,41 @@ fn a_secret_written_in_the_file_is_an_unknown_key_and_is_not_echoed() {
         "config key `bots[0].token`: unknown key; secrets never go in the config file: name the \
          environment variable that holds it with `token_env` (keys allowed here: name, \
          token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, max_connections)"
+    );
+}
+
+#[test]
+fn the_admin_token_is_read_from_the_environment_and_checked() {
+    let api = |var: &str| format!("[api]\nadmin_token_env = \"{var}\"\n");
+    assert!(parse("[api]\n").unwrap().api.admin_token.is_none());
+    assert_eq!(
+        error(&api("ADMIN_TOKEN_MISSING")),
+        "config key `api.admin_token_env`: environment variable `ADMIN_TOKEN_MISSING` is not \
+         set; export it with the read API's admin token"
+    );
+    assert_eq!(
+        error(&api("EMPTY_VAR")),
+        "config key `api.admin_token_env`: environment variable `EMPTY_VAR` is empty; export it \
+         with the read API's admin token"
+    );
+    for var in ["SHORT_TOKEN", "SPACED_TOKEN"] {
+        assert_eq!(
+            error(&api(var)),
+            format!(
+                "config key `api.admin_token_env`: environment variable `{var}` does not hold a \
+                 usable admin token; use 16 to 512 visible ASCII characters without spaces, \
+                 e.g. the output of `openssl rand -hex 32`"
+            )
+        );
+    }
+    let pasted = error(&api("CANARY-admin-token-0123456789abcdef"));
+    assert!(!pasted.contains("CANARY"), "not echoed: {pasted}");
+    assert!(pasted.starts_with("config key `api.admin_token_env`: must name an environment"));
+    assert_eq!(
+        error("[api]\nadmin_token = \"CANARY-admin-token-0123456789abcdef\"\n"),
+        "config key `api.admin_token`: unknown key; secrets never go in the config file: name \
+         the environment variable that holds it with `admin_token_env` (keys allowed here: \
+         admin_token_env)"
     );
 }
 

@@ -8,10 +8,23 @@
 //! Architecture invariant: a projection's fold is pure and the same code serves inline updates
 //! and rebuilds.
 
+pub mod audit_trail;
+mod db;
+mod error;
+pub mod metrics;
 pub mod operation_status;
 pub mod projection;
+pub mod rebuild;
+pub mod reconciliation_queue;
+pub mod registry;
+pub mod replay;
+mod rows;
+pub mod runner;
+pub mod user_operations;
 
+pub use error::ProjectorError;
 pub use projection::{Backend, Conn, Projection, Schema, definition_hash};
+pub use runner::{Projector, ProjectorOptions};
 
 use std::sync::Arc;
 
@@ -20,7 +33,13 @@ use opledger_store::InlineProjections;
 /// Every read model opledger keeps, inline and asynchronous, in a fixed order: what the
 /// runner, `opledger projections`, and `opledger replay` work through.
 pub fn builtin() -> Vec<Arc<dyn Projection>> {
-    vec![]
+    vec![
+        Arc::new(operation_status::OperationStatus),
+        Arc::new(audit_trail::AuditTrail),
+        Arc::new(reconciliation_queue::ReconciliationQueue),
+        Arc::new(user_operations::UserOperations),
+        Arc::new(metrics::Metrics),
+    ]
 }
 
 /// The inline projections every opledger store keeps.

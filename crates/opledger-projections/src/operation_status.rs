@@ -15,7 +15,9 @@ use opledger_store::ReadPool;
 use opledger_store::chain::Link;
 use opledger_store::inline::{InlineProjection, ProjectionError};
 use serde::Serialize;
-use sqlx::{PgConnection, Row, SqliteConnection};
+use sqlx::{Connection, PgConnection, Row, SqliteConnection};
+
+use crate::projection::{Backend, Conn, Projection, Schema, on_conn};
 
 /// The SQLite schema (`projections/operation_status/sqlite.sql`).
 pub const SQLITE_SCHEMA: &str = include_str!("../../../projections/operation_status/sqlite.sql");
@@ -281,35 +283,42 @@ const UPDATED: &str = "status = excluded.status, attempts = excluded.attempts, \
      updated_at = excluded.updated_at, version = excluded.version, \
      last_position = excluded.last_position";
 
-/// A row as a JSON array in column order, times as microseconds since the Unix epoch.
-fn row_json(row: &OperationStatusRow) -> serde_json::Value {
-    let micros = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp_micros());
-    serde_json::json!([
-        row.operation_id,
-        row.stream_id,
-        row.action,
-        row.business_key,
-        row.bot,
-        row.chat_id,
-        row.user_id,
-        row.status,
-        row.attempts,
-        row.worker,
-        micros(row.lease_until),
-        micros(row.due_at),
-        row.external_id,
-        row.last_error,
-        row.reply,
-        row.key_conflicts,
-        row.created_at.timestamp_micros(),
-        row.updated_at.timestamp_micros(),
-        row.version,
-        row.last_position,
-    ])
+/// A row as a JSON array in column order, times as microseconds since the Unix epoch (written
+/// straight out, without building a JSON value first).
+struct JsonRow<'a>(&'a OperationStatusRow);
+
+impl Serialize for JsonRow<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let row = self.0;
+        let micros = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp_micros());
+        let mut seq = serializer.serialize_seq(Some(20))?;
+        seq.serialize_element(&row.operation_id)?;
+        seq.serialize_element(&row.stream_id)?;
+        seq.serialize_element(&row.action)?;
+        seq.serialize_element(&row.business_key)?;
+        seq.serialize_element(&row.bot)?;
+        seq.serialize_element(&row.chat_id)?;
+        seq.serialize_element(&row.user_id)?;
+        seq.serialize_element(&row.status)?;
+        seq.serialize_element(&row.attempts)?;
+        seq.serialize_element(&row.worker)?;
+        seq.serialize_element(&micros(row.lease_until))?;
+        seq.serialize_element(&micros(row.due_at))?;
+        seq.serialize_element(&row.external_id)?;
+        seq.serialize_element(&row.last_error)?;
+        seq.serialize_element(&row.reply)?;
+        seq.serialize_element(&row.key_conflicts)?;
+        seq.serialize_element(&row.created_at.timestamp_micros())?;
+        seq.serialize_element(&row.updated_at.timestamp_micros())?;
+        seq.serialize_element(&row.version)?;
+        seq.serialize_element(&row.last_position)?;
+        seq.end()
+    }
 }
 
-fn rows_json(rows: &[OperationStatusRow]) -> String {
-    serde_json::Value::Array(rows.iter().map(row_json).collect()).to_string()
+fn rows_json(rows: &[OperationStatusRow]) -> Result<String, serde_json::Error> {
+    serde_json::to_string(&rows.iter().map(JsonRow).collect::<Vec<_>>())
 }
 
 /// Reads stored rows from either backend, decoding times the way each stores them.
@@ -381,52 +390,226 @@ where
     })
 }
 
-mod sql {
-    //! The statements, per backend.
-
-    /// SQLite keeps integers and microsecond times; the JSON array's elements map one to one.
-    pub(super) const SQLITE_SELECT: &str = "SELECT operation_id, stream_id, action, business_key, \
-         bot, chat_id, user_id, status, attempts, worker, lease_until, due_at, external_id, \
-         last_error, reply, key_conflicts, created_at, updated_at, version, last_position \
-         FROM operation_status WHERE stream_id IN (SELECT value FROM json_each($1))";
-
-    pub(super) const SQLITE_UPSERT_HEAD: &str = "INSERT INTO operation_status (";
-    pub(super) const SQLITE_UPSERT_VALUES: &str = ") SELECT value ->> 0, value ->> 1, value ->> 2, \
-         value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8, \
-         value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 13, value ->> 14, \
-         value ->> 15, value ->> 16, value ->> 17, value ->> 18, value ->> 19 \
-         FROM json_each($1) WHERE true ON CONFLICT (operation_id) DO UPDATE SET ";
-
-    pub(super) const POSTGRES_WHERE: &str = " FROM operation_status WHERE stream_id = ANY($1)";
-
-    /// Microseconds since the epoch back to `timestamptz`, exactly (no floating point).
-    pub(super) const POSTGRES_UPSERT_HEAD: &str = "INSERT INTO operation_status (";
-    pub(super) const POSTGRES_UPSERT_VALUES: &str = ") SELECT r->>0, r->>1, r->>2, r->>3, r->>4, \
-         (r->>5)::bigint, (r->>6)::bigint, r->>7, (r->>8)::integer, r->>9, \
-         'epoch'::timestamptz + (r->>10)::bigint * interval '1 microsecond', \
-         'epoch'::timestamptz + (r->>11)::bigint * interval '1 microsecond', \
-         r->>12, r->>13, r->>14, (r->>15)::integer, \
-         'epoch'::timestamptz + (r->>16)::bigint * interval '1 microsecond', \
-         'epoch'::timestamptz + (r->>17)::bigint * interval '1 microsecond', \
-         (r->>18)::bigint, (r->>19)::bigint \
-         FROM jsonb_array_elements($1::jsonb) AS r ON CONFLICT (operation_id) DO UPDATE SET ";
+/// The statements that fold a batch into one version's table, per backend.
+#[derive(Debug)]
+struct Statements {
+    sqlite_select: String,
+    sqlite_upsert: String,
+    postgres_select: String,
+    postgres_upsert: String,
 }
 
-fn upsert(head: &str, values: &str) -> String {
-    format!("{head}{COLUMNS}{values}{UPDATED}")
+impl Statements {
+    /// The statements for the table named `table` (`operation_status`, `operation_status@v2`).
+    fn for_table(table: &str) -> Statements {
+        let table = format!("\"{}\"", table.replace('"', "\"\""));
+        Statements {
+            sqlite_select: format!(
+                "SELECT {COLUMNS} FROM {table} WHERE stream_id IN (SELECT value FROM json_each($1))"
+            ),
+            // SQLite keeps integers and microsecond times; the JSON array's elements map one to
+            // one.
+            sqlite_upsert: format!(
+                "INSERT INTO {table} ({COLUMNS}) SELECT value ->> 0, value ->> 1, value ->> 2, \
+                 value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8, \
+                 value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 13, \
+                 value ->> 14, value ->> 15, value ->> 16, value ->> 17, value ->> 18, \
+                 value ->> 19 FROM jsonb_each($1) WHERE true \
+                 ON CONFLICT (operation_id) DO UPDATE SET {UPDATED}"
+            ),
+            postgres_select: format!("SELECT {PG_COLUMNS} FROM {table} WHERE stream_id = ANY($1)"),
+            // One typed array per column: no JSON to build or parse.
+            postgres_upsert: format!(
+                "INSERT INTO {table} ({COLUMNS}) SELECT * FROM unnest($1::text[], $2::text[], \
+                 $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::text[], \
+                 $9::int4[], $10::text[], $11::timestamptz[], $12::timestamptz[], $13::text[], \
+                 $14::text[], $15::text[], $16::int4[], $17::timestamptz[], $18::timestamptz[], \
+                 $19::int8[], $20::int8[]) \
+                 ON CONFLICT (operation_id) DO UPDATE SET {UPDATED}"
+            ),
+        }
+    }
+}
+
+/// The statements for the live table, which the store runs inside every append: made once.
+fn live() -> &'static Statements {
+    static LIVE: std::sync::OnceLock<Statements> = std::sync::OnceLock::new();
+    LIVE.get_or_init(|| Statements::for_table(NAME))
+}
+
+/// The projection's name, also its live table's.
+pub const NAME: &str = "operation_status";
+
+/// Folds a batch into the table the statements name, on SQLite: reads the rows of the streams
+/// that do not start in the batch, folds, and writes every changed row in one statement.
+async fn apply_sqlite(
+    connection: &mut SqliteConnection,
+    statements: &Statements,
+    events: &[Link<'_>],
+) -> Result<(), ProjectionError> {
+    let batch = operation_events(events);
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let needed = needing_rows(&batch);
+    let mut stored = HashMap::new();
+    if !needed.is_empty() {
+        let ids = serde_json::to_string(&needed)?;
+        for row in sqlx::query(sqlx::AssertSqlSafe(statements.sqlite_select.as_str()))
+            .bind(ids)
+            .fetch_all(&mut *connection)
+            .await?
+        {
+            let row = decode_row(&row)?;
+            stored.insert(row.stream_id.clone(), row);
+        }
+    }
+    let rows = fold(batch, stored)?;
+    sqlx::query(sqlx::AssertSqlSafe(statements.sqlite_upsert.as_str()))
+        .bind(rows_json(&rows)?)
+        .execute(connection)
+        .await?;
+    Ok(())
+}
+
+/// The same on PostgreSQL.
+async fn apply_postgres(
+    connection: &mut PgConnection,
+    statements: &Statements,
+    events: &[Link<'_>],
+) -> Result<(), ProjectionError> {
+    let batch = operation_events(events);
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let needed = needing_rows(&batch);
+    let mut stored = HashMap::new();
+    if !needed.is_empty() {
+        for row in sqlx::query(sqlx::AssertSqlSafe(statements.postgres_select.as_str()))
+            .bind(&needed)
+            .fetch_all(&mut *connection)
+            .await?
+        {
+            let row = decode_row(&row)?;
+            stored.insert(row.stream_id.clone(), row);
+        }
+    }
+    let rows = fold(batch, stored)?;
+    let c = PgColumns::of(&rows);
+    sqlx::query(sqlx::AssertSqlSafe(statements.postgres_upsert.as_str()))
+        .bind(c.operation_id)
+        .bind(c.stream_id)
+        .bind(c.action)
+        .bind(c.business_key)
+        .bind(c.bot)
+        .bind(c.chat_id)
+        .bind(c.user_id)
+        .bind(c.status)
+        .bind(c.attempts)
+        .bind(c.worker)
+        .bind(c.lease_until)
+        .bind(c.due_at)
+        .bind(c.external_id)
+        .bind(c.last_error)
+        .bind(c.reply)
+        .bind(c.key_conflicts)
+        .bind(c.created_at)
+        .bind(c.updated_at)
+        .bind(c.version)
+        .bind(c.last_position)
+        .execute(connection)
+        .await?;
+    Ok(())
+}
+
+/// Rows as one array per column, for PostgreSQL's `unnest`.
+#[derive(Default)]
+struct PgColumns<'a> {
+    operation_id: Vec<&'a str>,
+    stream_id: Vec<&'a str>,
+    action: Vec<&'a str>,
+    business_key: Vec<&'a str>,
+    bot: Vec<&'a str>,
+    chat_id: Vec<Option<i64>>,
+    user_id: Vec<Option<i64>>,
+    status: Vec<&'a str>,
+    attempts: Vec<i32>,
+    worker: Vec<Option<&'a str>>,
+    lease_until: Vec<Option<DateTime<Utc>>>,
+    due_at: Vec<Option<DateTime<Utc>>>,
+    external_id: Vec<Option<&'a str>>,
+    last_error: Vec<Option<&'a str>>,
+    reply: Vec<&'a str>,
+    key_conflicts: Vec<i32>,
+    created_at: Vec<DateTime<Utc>>,
+    updated_at: Vec<DateTime<Utc>>,
+    version: Vec<i64>,
+    last_position: Vec<i64>,
+}
+
+impl<'a> PgColumns<'a> {
+    fn of(rows: &'a [OperationStatusRow]) -> Self {
+        let mut c = PgColumns::default();
+        let int = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+        let big = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for row in rows {
+            c.operation_id.push(&row.operation_id);
+            c.stream_id.push(&row.stream_id);
+            c.action.push(&row.action);
+            c.business_key.push(&row.business_key);
+            c.bot.push(&row.bot);
+            c.chat_id.push(row.chat_id);
+            c.user_id.push(row.user_id);
+            c.status.push(&row.status);
+            c.attempts.push(int(row.attempts));
+            c.worker.push(row.worker.as_deref());
+            c.lease_until.push(row.lease_until);
+            c.due_at.push(row.due_at);
+            c.external_id.push(row.external_id.as_deref());
+            c.last_error.push(row.last_error.as_deref());
+            c.reply.push(&row.reply);
+            c.key_conflicts.push(int(row.key_conflicts));
+            c.created_at.push(row.created_at);
+            c.updated_at.push(row.updated_at);
+            c.version.push(big(row.version));
+            c.last_position.push(big(row.last_position));
+        }
+        c
+    }
+}
+
+/// The schema for the live table and its version-1 index names, as tables created before the
+/// registry have them.
+fn live_schema(backend: Backend) -> String {
+    let (tables, indexes) = OperationStatus.schema().render(backend, NAME, NAME);
+    format!("{tables}\n{indexes}")
 }
 
 impl InlineProjection for OperationStatus {
     fn name(&self) -> &'static str {
-        "operation_status"
+        NAME
     }
 
+    /// Creates the table only when it is missing: after a blue/green flip the live table's
+    /// indexes carry another version's names, and creating them again would duplicate them.
     fn install_sqlite<'a>(
         &'a self,
         connection: &'a mut SqliteConnection,
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
-            sqlx::raw_sql(SQLITE_SCHEMA).execute(connection).await?;
+            let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
+            let exists: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)",
+            )
+            .bind(NAME)
+            .fetch_one(&mut *tx)
+            .await?;
+            if !exists {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(live_schema(Backend::Sqlite)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
             Ok(())
         })
     }
@@ -436,7 +619,22 @@ impl InlineProjection for OperationStatus {
         connection: &'a mut PgConnection,
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
-            sqlx::raw_sql(POSTGRES_SCHEMA).execute(connection).await?;
+            let mut tx = connection.begin().await?;
+            // Instances opening a new database at once would race to create the table.
+            sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
+                .bind(crate::registry::LOCK_CLASS)
+                .execute(&mut *tx)
+                .await?;
+            let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                .bind(NAME)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !exists {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(live_schema(Backend::Postgres)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
             Ok(())
         })
     }
@@ -446,32 +644,7 @@ impl InlineProjection for OperationStatus {
         connection: &'a mut SqliteConnection,
         events: &'a [Link<'a>],
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
-        Box::pin(async move {
-            let batch = operation_events(events);
-            if batch.is_empty() {
-                return Ok(());
-            }
-            let needed = needing_rows(&batch);
-            let mut stored = HashMap::new();
-            if !needed.is_empty() {
-                let ids = serde_json::to_string(&needed)?;
-                for row in sqlx::query(sql::SQLITE_SELECT)
-                    .bind(ids)
-                    .fetch_all(&mut *connection)
-                    .await?
-                {
-                    let row = decode_row(&row)?;
-                    stored.insert(row.stream_id.clone(), row);
-                }
-            }
-            let rows = fold(batch, stored)?;
-            let statement = upsert(sql::SQLITE_UPSERT_HEAD, sql::SQLITE_UPSERT_VALUES);
-            sqlx::query(sqlx::AssertSqlSafe(statement))
-                .bind(rows_json(&rows))
-                .execute(connection)
-                .await?;
-            Ok(())
-        })
+        Box::pin(apply_sqlite(connection, live(), events))
     }
 
     fn apply_postgres<'a>(
@@ -479,32 +652,70 @@ impl InlineProjection for OperationStatus {
         connection: &'a mut PgConnection,
         events: &'a [Link<'a>],
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
+        Box::pin(apply_postgres(connection, live(), events))
+    }
+}
+
+impl Projection for OperationStatus {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn code_version(&self) -> u32 {
+        1
+    }
+
+    fn schema(&self) -> Schema {
+        Schema {
+            sqlite: SQLITE_SCHEMA,
+            postgres: POSTGRES_SCHEMA,
+        }
+    }
+
+    fn inline(&self) -> bool {
+        true
+    }
+
+    fn apply<'a>(
+        &'a self,
+        conn: Conn<'a>,
+        table: &'a str,
+        events: &'a [Link<'a>],
+    ) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
-            let batch = operation_events(events);
-            if batch.is_empty() {
-                return Ok(());
+            if table == NAME {
+                return match conn {
+                    Conn::Sqlite(c) => apply_sqlite(c, live(), events).await,
+                    Conn::Postgres(c) => apply_postgres(c, live(), events).await,
+                };
             }
-            let needed = needing_rows(&batch);
-            let mut stored = HashMap::new();
-            if !needed.is_empty() {
-                let select = format!("SELECT {PG_COLUMNS}{}", sql::POSTGRES_WHERE);
-                for row in sqlx::query(sqlx::AssertSqlSafe(select))
-                    .bind(&needed)
-                    .fetch_all(&mut *connection)
-                    .await?
-                {
-                    let row = decode_row(&row)?;
-                    stored.insert(row.stream_id.clone(), row);
-                }
+            let statements = Statements::for_table(table);
+            match conn {
+                Conn::Sqlite(c) => apply_sqlite(c, &statements, events).await,
+                Conn::Postgres(c) => apply_postgres(c, &statements, events).await,
             }
-            let rows = fold(batch, stored)?;
-            let statement = upsert(sql::POSTGRES_UPSERT_HEAD, sql::POSTGRES_UPSERT_VALUES);
-            sqlx::query(sqlx::AssertSqlSafe(statement))
-                .bind(rows_json(&rows))
-                .execute(connection)
-                .await?;
-            Ok(())
         })
+    }
+
+    fn forget_stream<'a>(
+        &'a self,
+        conn: Conn<'a>,
+        table: &'a str,
+        stream: &'a str,
+    ) -> Option<BoxFuture<'a, Result<(), ProjectionError>>> {
+        Some(Box::pin(async move {
+            let sql = format!(
+                "DELETE FROM \"{}\" WHERE stream_id = $1",
+                table.replace('"', "\"\"")
+            );
+            on_conn!(conn, c => {
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(stream)
+                    .execute(c)
+                    .await?;
+            });
+            Ok(())
+        }))
     }
 }
 

@@ -62,6 +62,18 @@ impl Conn<'_> {
     }
 }
 
+/// Runs the same sqlx code on either backend's connection: for statements written once in SQL
+/// both backends read (`$n` placeholders), the body is expanded for each connection type.
+macro_rules! on_conn {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $conn {
+            $crate::projection::Conn::Sqlite($c) => $body,
+            $crate::projection::Conn::Postgres($c) => $body,
+        }
+    };
+}
+pub(crate) use on_conn;
+
 /// A projection's schema, one SQL text per backend (see the module documentation for its
 /// placeholders).
 #[derive(Clone, Copy, Debug)]

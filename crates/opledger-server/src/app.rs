@@ -20,13 +20,14 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
+use crate::api::AdminToken;
 use crate::intake::{Intake, Recorded};
-use crate::poll;
 use crate::replies::{self, Answer};
 use crate::webhook::{self, WebhookSecret};
+use crate::{api, health, metrics, poll};
 use opledger_ledger::{Clock, SystemClock};
 
-/// Counts the service keeps for operators (exported as metrics by the read-side issue).
+/// Counts the service keeps for operators since it started, exported by `/metrics`.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub rejected_secrets: AtomicU64,
@@ -34,6 +35,8 @@ pub struct Counters {
     pub duplicates: AtomicU64,
     pub collisions: AtomicU64,
     pub quarantined: AtomicU64,
+    /// Read API requests refused for a missing or wrong admin token.
+    pub rejected_admin_tokens: AtomicU64,
 }
 
 /// What every request handler and poller shares.
@@ -44,7 +47,12 @@ pub struct AppState {
     pub(crate) body_limit: usize,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) counters: Counters,
+    /// The read API's admin token; `None` turns `/v1` off.
+    pub(crate) admin_token: Option<AdminToken>,
     actions: HashMap<String, Vec<Arc<ActionConfig>>>,
+    /// How long `/status` waits for its read model: well inside the request timeout, so that a
+    /// late read model never turns a recorded update into a 503.
+    status_freshness: Duration,
 }
 
 impl AppState {
@@ -65,7 +73,8 @@ impl AppState {
             .get(bot)
             .map(|actions| actions.iter().map(AsRef::as_ref).collect())
             .unwrap_or_default();
-        match replies::answer(self.intake.store(), bot, &actions, recorded).await {
+        let store = self.intake.store();
+        match replies::answer(store, bot, &actions, recorded, self.status_freshness).await {
             Ok(answer) => answer,
             Err(error) => {
                 tracing::warn!(bot, %error, "could not read the answer to an update");
@@ -118,7 +127,9 @@ impl App {
             body_limit: config.server.body_limit_bytes,
             shutting_down: AtomicBool::new(false),
             counters: Counters::default(),
+            admin_token: config.api.admin_token.as_ref().map(AdminToken::new),
             actions,
+            status_freshness: replies::STATUS_FRESHNESS.min(config.server.request_timeout / 2),
         };
         Self {
             state: Arc::new(state),
@@ -143,7 +154,10 @@ impl App {
         let timeout = self.config.server.request_timeout;
         Router::new()
             .route("/telegram/{bot}/webhook", post(webhook::receive))
-            .route("/healthz", get(|| async { "ok" }))
+            .route("/healthz", get(health::healthz))
+            .route("/readyz", get(health::readyz))
+            .route("/metrics", get(metrics::serve))
+            .merge(api::router(self.state.clone()))
             .with_state(self.state.clone())
             .layer(TimeoutLayer::with_status_code(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -259,6 +273,35 @@ mod tests {
             0,
             "nothing was recorded"
         );
+        store.close().await;
+    }
+
+    /// A readiness probe sees a service that is shutting down as not ready, while the process
+    /// itself is still alive.
+    #[tokio::test]
+    async fn readyz_answers_503_while_shutting_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let store = AnyStore::open(&url, opledger_store::AnyOptions::default())
+            .await
+            .unwrap();
+        let app = App::build(&Config::default(), store.clone());
+        let get = |path: &str| axum::http::Request::get(path).body(Body::empty()).unwrap();
+        let ready = app.router().oneshot(get("/readyz")).await.unwrap();
+        assert_eq!(ready.status(), StatusCode::OK);
+        app.state.shutting_down.store(true, Ordering::SeqCst);
+        let response = app.router().oneshot(get("/readyz")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"ready": false, "problems": ["the service is shutting down"]})
+        );
+        let alive = app.router().oneshot(get("/healthz")).await.unwrap();
+        assert_eq!(alive.status(), StatusCode::OK);
         store.close().await;
     }
 }

@@ -37,6 +37,9 @@ const MAX_ATTEMPTS: usize = 8;
 pub enum Recorded {
     /// A new update (or an id reused after the retention window: a new epoch), and what it led to.
     Accepted {
+        /// The ledger position of the update's last event: read models that have applied it
+        /// know everything the update did.
+        position: u64,
         update_id: i64,
         epoch: u32,
         kind: String,
@@ -279,8 +282,9 @@ impl Intake {
                 )?,
             );
             match self.store.append(requests).await {
-                Ok(_) => {
+                Ok(appended) => {
                     return Ok(Recorded::Accepted {
+                        position: *appended.positions.end(),
                         update_id: update.update_id,
                         epoch,
                         kind: update.kind.as_str().into_owned(),

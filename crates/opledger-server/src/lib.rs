@@ -5,6 +5,8 @@
 //! - [`app`]: [`App::build`] (config and store in, router and pollers out) and [`App::run`]
 //!   (serve until shutdown, then finish in-flight work and close the store).
 //! - `webhook`: the answer table of `POST /telegram/{bot}/webhook`; `poll`: `getUpdates` loops.
+//! - [`api`]: the read API under `/v1` (admin bearer token, OpenAPI document); [`metrics`]:
+//!   `/metrics` (OpenMetrics text); `health`: `/healthz` and `/readyz`.
 //! - [`replies`]: pure answers (`/help`, `/status`, usage) computed from configuration and read
 //!   models.
 //!
@@ -12,8 +14,11 @@
 //! offset) only after its events are committed, and never calls an external service from the
 //! intake path.
 
+pub mod api;
 pub mod app;
+mod health;
 pub mod intake;
+pub mod metrics;
 mod poll;
 pub mod replies;
 mod webhook;

@@ -10,6 +10,7 @@ use opledger_telegram::{BotApi, BotApiError, parse_update};
 use tokio::sync::watch;
 
 use crate::app::{AppState, allowed_updates};
+use crate::intake::Recorded;
 
 /// The most updates one `getUpdates` returns (Telegram's limit).
 const BATCH: u8 = 100;
@@ -79,15 +80,8 @@ impl Poller {
                     match self.state.intake.record(bot, &raw.bytes).await {
                         Ok(recorded) => {
                             self.state.count(&recorded);
-                            let answer = self.state.answer(bot, &recorded).await;
-                            match crate::replies::callback_to_answer(&recorded, &raw.bytes) {
-                                Some(id) => self.answer_click(id, answer.map(|a| a.text)),
-                                None => {
-                                    if let Some(answer) = answer {
-                                        self.send(answer);
-                                    }
-                                }
-                            }
+                            let click = crate::replies::callback_to_answer(&recorded, &raw.bytes);
+                            self.answer(recorded, click);
                             break;
                         }
                         Err(error) => {
@@ -113,28 +107,28 @@ impl Poller {
         }
     }
 
-    /// Answers a button click at once, best effort: it only stops the button's progress
-    /// indicator (with a notice when there is something to say).
-    fn answer_click(&self, callback_query_id: String, text: Option<String>) {
-        let api = self.api.clone();
-        let bot = self.bot.clone();
+    /// Answers an update in the background, best effort (a pure answer is recomputed if the
+    /// user asks again): a button click with `answerCallbackQuery` (the answer as its notice,
+    /// which stops the button's progress indicator), anything else with `sendMessage` when it
+    /// has an answer. The loop does not wait: a `/status` answer may wait for its read model.
+    fn answer(&self, recorded: Recorded, click: Option<String>) {
+        let (state, api, bot) = (self.state.clone(), self.api.clone(), self.bot.clone());
         tokio::spawn(async move {
-            if let Err(error) = api
-                .answer_callback_query(&callback_query_id, text.as_deref())
-                .await
-            {
-                tracing::warn!(bot, %error, "could not answer a button click");
-            }
-        });
-    }
-
-    /// Sends a pure answer, best effort: it is recomputed if the user asks again.
-    fn send(&self, answer: crate::replies::Answer) {
-        let api = self.api.clone();
-        let bot = self.bot.clone();
-        tokio::spawn(async move {
-            if let Err(error) = api.send_message(answer.chat_id, &answer.text).await {
-                tracing::warn!(bot, %error, "could not send an answer");
+            let answer = state.answer(&bot, &recorded).await;
+            match click {
+                Some(id) => {
+                    let text = answer.map(|a| a.text);
+                    if let Err(error) = api.answer_callback_query(&id, text.as_deref()).await {
+                        tracing::warn!(bot, %error, "could not answer a button click");
+                    }
+                }
+                None => {
+                    if let Some(answer) = answer
+                        && let Err(error) = api.send_message(answer.chat_id, &answer.text).await
+                    {
+                        tracing::warn!(bot, %error, "could not send an answer");
+                    }
+                }
             }
         });
     }

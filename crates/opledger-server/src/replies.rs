@@ -2,15 +2,28 @@
 //! `/status` and repeated requests from read models, usage for malformed commands. Asking twice
 //! gives the same answer and starts nothing. Replies about an operation's outcome are the
 //! worker's job, tracked as effects.
+//!
+//! `/status` reads `user_operations`, an asynchronous read model: before answering it waits a
+//! little ([`STATUS_FRESHNESS`]) for the projection to apply the `/status` update itself, so the
+//! answer includes everything the user did before asking; if the projection is late, it answers
+//! from what is there.
+
+use std::time::Duration;
 
 use opledger_config::ActionConfig;
-use opledger_projections::operation_status::{self, Filter, OperationStatusRow, ReadError};
+use opledger_projections::operation_status::{self, OperationStatusRow};
+use opledger_projections::registry;
+use opledger_projections::user_operations::{self, UserOperation};
 use opledger_store::AnyStore;
 
 use crate::intake::{Recorded, Route};
 
 /// How many operations `/status` lists.
 const STATUS_LIMIT: u32 = 5;
+
+/// How long `/status` waits for `user_operations` to catch up with the update it answers (at
+/// most; the service waits less when its request timeout is short).
+pub const STATUS_FRESHNESS: Duration = Duration::from_secs(2);
 
 /// A message to send to a chat.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,14 +32,24 @@ pub struct Answer {
     pub text: String,
 }
 
-/// The answer an accepted update deserves at intake, if any.
+/// Why an answer could not be read; the update stays recorded, only the answer is lost.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    #[error(transparent)]
+    OperationStatus(#[from] operation_status::ReadError),
+}
+
+/// The answer an accepted update deserves at intake, if any. A `/status` answer first waits up
+/// to `freshness` for its read model to apply the update.
 pub async fn answer(
     store: &AnyStore,
     bot: &str,
     actions: &[&ActionConfig],
     recorded: &Recorded,
-) -> Result<Option<Answer>, ReadError> {
+    freshness: Duration,
+) -> Result<Option<Answer>, AnswerError> {
     let Recorded::Accepted {
+        position,
         chat_id: Some(chat_id),
         user_id,
         route,
@@ -42,13 +65,15 @@ pub async fn answer(
             None => return Ok(None),
         },
         Route::Status { operation_id } => {
-            status(store, bot, *user_id, operation_id.as_deref()).await?
+            wait_for_status(store, *position, freshness).await;
+            status(store, bot, *user_id, operation_id.as_deref()).await
         }
         Route::Joined(link) => {
+            // The inline read model: it already holds the operation the update joined.
             match operation_status::get(store.reader(), &link.operation_id.to_string()).await? {
                 Some(row) => format!(
                     "You asked for this already: {}.",
-                    describe(&row).trim_end_matches('.')
+                    describe(&Described::from(&row)).trim_end_matches('.')
                 ),
                 None => return Ok(None),
             }
@@ -107,47 +132,121 @@ fn usage(action: &ActionConfig) -> String {
     usage
 }
 
-/// `/status`: the user's recent operations, or one by id, in plain words.
+/// Waits (at most `freshness`) until `user_operations` has applied the ledger up to `position`;
+/// if it has not by then, or the registry cannot be read, `/status` answers from what the read
+/// model holds.
+async fn wait_for_status(store: &AnyStore, position: u64, freshness: Duration) {
+    match registry::wait_for(store, user_operations::NAME, position, freshness).await {
+        Ok(true) => {}
+        Ok(false) => tracing::debug!(
+            position,
+            "user_operations is behind; /status answers from what it holds"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            "cannot read the projection registry; /status answers from what it holds"
+        ),
+    }
+}
+
+/// What `/status` says when its read model cannot be read.
+pub const STATUS_UNAVAILABLE: &str =
+    "I cannot look up your requests right now; please try again in a minute.";
+
+/// What `/status` says to someone without requests.
+pub const NO_REQUESTS: &str = "You have no requests yet. Send /help to see what you can ask for.";
+
+/// What `/status <id>` says for an id that is not one of the user's operations.
+pub const NO_SUCH_REQUEST: &str = "No request with that id.";
+
+/// `/status`: the user's recent operations (from `user_operations`), or one of theirs by id, in
+/// plain words. Another user's operation is answered like an unknown id. A read model that
+/// cannot be read is said kindly (and logged).
 pub async fn status(
     store: &AnyStore,
     bot: &str,
     user_id: Option<i64>,
     operation_id: Option<&str>,
-) -> Result<String, ReadError> {
-    if let Some(id) = operation_id {
-        let row = operation_status::get(store.reader(), id).await?;
-        // Only the user's own operations are shown.
-        return Ok(match row.filter(|r| r.bot == bot && r.user_id == user_id) {
-            Some(row) => describe(&row),
-            None => "No request with that id.".to_owned(),
-        });
-    }
-    let Some(user_id) = user_id else {
-        return Ok("No requests yet.".to_owned());
+) -> String {
+    let pool = store.reader();
+    let read = match (operation_id, user_id) {
+        (Some(id), _) => {
+            let id = id.trim().to_ascii_lowercase();
+            user_operations::get(pool, &id).await.map(|row| {
+                // Only the user's own operations are shown.
+                match row.filter(|r| r.bot == bot && user_id.is_some() && r.user_id == user_id) {
+                    Some(row) => describe(&Described::from(&row)),
+                    None => NO_SUCH_REQUEST.to_owned(),
+                }
+            })
+        }
+        (None, None) => Ok(NO_REQUESTS.to_owned()),
+        (None, Some(user_id)) => user_operations::recent(pool, bot, user_id, STATUS_LIMIT)
+            .await
+            .map(|rows| {
+                if rows.is_empty() {
+                    NO_REQUESTS.to_owned()
+                } else {
+                    rows.iter()
+                        .map(|row| describe(&Described::from(row)))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                }
+            }),
     };
-    let rows = operation_status::list(
-        store.reader(),
-        &Filter {
-            bot: Some(bot.to_owned()),
-            user_id: Some(user_id),
-            limit: STATUS_LIMIT,
-            ..Filter::default()
-        },
-    )
-    .await?;
-    if rows.is_empty() {
-        return Ok("No requests yet.".to_owned());
+    read.unwrap_or_else(|error| {
+        tracing::warn!(bot, %error, "cannot answer /status");
+        STATUS_UNAVAILABLE.to_owned()
+    })
+}
+
+/// What an answer says about one operation, from either read model.
+#[derive(Debug)]
+struct Described<'a> {
+    operation_id: &'a str,
+    action: &'a str,
+    business_key: &'a str,
+    status: &'a str,
+    resolution: Option<&'a str>,
+    external_id: Option<&'a str>,
+    last_error: Option<&'a str>,
+}
+
+impl<'a> From<&'a UserOperation> for Described<'a> {
+    fn from(row: &'a UserOperation) -> Self {
+        Described {
+            operation_id: &row.operation_id,
+            action: &row.action,
+            business_key: &row.business_key,
+            status: &row.status,
+            resolution: row.resolution.as_deref(),
+            external_id: row.external_id.as_deref(),
+            last_error: row.last_error.as_deref(),
+        }
     }
-    Ok(rows.iter().map(describe).collect::<Vec<_>>().join("\n"))
+}
+
+impl<'a> From<&'a OperationStatusRow> for Described<'a> {
+    fn from(row: &'a OperationStatusRow) -> Self {
+        Described {
+            operation_id: &row.operation_id,
+            action: &row.action,
+            business_key: &row.business_key,
+            status: &row.status,
+            resolution: None,
+            external_id: row.external_id.as_deref(),
+            last_error: row.last_error.as_deref(),
+        }
+    }
 }
 
 /// One operation in a line: what, state in plain words, and its id for `/status <id>`.
-fn describe(row: &OperationStatusRow) -> String {
+fn describe(row: &Described<'_>) -> String {
     format!(
         "{} {}: {} ({})",
         row.action,
-        visible_key(&row.business_key),
-        plain(&row.status),
+        visible_key(row.business_key),
+        plain(row.status, row.resolution, row.external_id, row.last_error),
         row.operation_id
     )
 }
@@ -157,16 +256,96 @@ fn visible_key(key: &str) -> &str {
     key.rsplit_once('#').map_or(key, |(key, _)| key)
 }
 
-/// A status in words a user understands.
-pub fn plain(status: &str) -> &'static str {
-    match status {
-        "received" => "received, waiting to start",
-        "claimed" | "call_sent" => "in progress",
-        "retry_scheduled" => "waiting to try again",
-        "needs_reconciliation" => "checking with the shop",
-        "confirmed" => "done",
-        "failed" => "failed",
-        "reconciled" => "resolved by a person",
-        _ => "unknown",
+/// A state in words a user understands, with the shop's id once done and the reason once
+/// failed. `resolution` is what a person decided about a reconciled operation.
+pub fn plain(
+    status: &str,
+    resolution: Option<&str>,
+    external_id: Option<&str>,
+    last_error: Option<&str>,
+) -> String {
+    let done = || match external_id {
+        Some(id) => format!("done: {id}"),
+        None => "done".to_owned(),
+    };
+    match (status, resolution) {
+        ("received", _) => "received, waiting to start".to_owned(),
+        ("claimed" | "call_sent", _) => "in progress".to_owned(),
+        ("retry_scheduled", _) => "waiting to retry".to_owned(),
+        ("needs_reconciliation", _) => "checking with the shop".to_owned(),
+        ("confirmed", _) | ("reconciled", Some("succeeded")) => done(),
+        ("failed", _) => match last_error {
+            Some(reason) => format!("failed: {reason}"),
+            None => "failed".to_owned(),
+        },
+        ("reconciled", Some("failed")) => "not done: a person checked with the shop".to_owned(),
+        ("reconciled", _) => "resolved by a person".to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_is_said_in_plain_words() {
+        let cases = [
+            ("received", None, None, None, "received, waiting to start"),
+            ("claimed", None, None, None, "in progress"),
+            ("call_sent", None, None, None, "in progress"),
+            (
+                "retry_scheduled",
+                None,
+                None,
+                Some("503"),
+                "waiting to retry",
+            ),
+            (
+                "needs_reconciliation",
+                None,
+                None,
+                Some("timeout"),
+                "checking with the shop",
+            ),
+            ("confirmed", None, Some("cpn_1"), None, "done: cpn_1"),
+            ("confirmed", None, None, None, "done"),
+            (
+                "failed",
+                None,
+                None,
+                Some("out of stock"),
+                "failed: out of stock",
+            ),
+            (
+                "reconciled",
+                Some("succeeded"),
+                Some("crm-1"),
+                None,
+                "done: crm-1",
+            ),
+            (
+                "reconciled",
+                Some("failed"),
+                None,
+                Some("timeout"),
+                "not done: a person checked with the shop",
+            ),
+            ("reconciled", None, None, None, "resolved by a person"),
+            ("something_new", None, None, None, "unknown"),
+        ];
+        for (status, resolution, external_id, last_error, expected) in cases {
+            assert_eq!(
+                plain(status, resolution, external_id, last_error),
+                expected,
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_repeat_guards_epoch_is_not_shown() {
+        assert_eq!(visible_key("spring:42#3"), "spring:42");
+        assert_eq!(visible_key("spring:42"), "spring:42");
     }
 }

@@ -126,6 +126,8 @@ pub(crate) struct TestApp {
     app: Option<JoinHandle<std::io::Result<()>>>,
     stop: Option<oneshot::Sender<()>>,
     intake: Intake,
+    /// The asynchronous read models' runner, as `opledger serve` runs it.
+    projector: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
 }
 
 impl TestApp {
@@ -142,6 +144,18 @@ impl TestApp {
         clock: Arc<ManualClock>,
     ) -> TestApp {
         let store = ledger.open().await;
+        // The read models' runner, like `opledger serve`'s: registered before the service
+        // answers, then kept caught up in the background.
+        let mut projector = opledger_projections::Projector::new(
+            store.clone(),
+            opledger_projections::builtin(),
+            opledger_projections::ProjectorOptions::default(),
+        );
+        projector.prepare().await.expect("prepare the read models");
+        let (stop_projector, projector_stopped) = oneshot::channel();
+        let projector = tokio::spawn(projector.run(async move {
+            let _ = projector_stopped.await;
+        }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a port");
@@ -162,6 +176,7 @@ impl TestApp {
             app: Some(handle),
             stop: Some(stop),
             intake,
+            projector: Some((stop_projector, projector)),
         }
     }
 
@@ -213,8 +228,18 @@ impl TestApp {
             .count()
     }
 
+    /// Stops the read models' runner, as if it had died: the service goes on answering while
+    /// the asynchronous read models stop following the ledger.
+    pub(crate) async fn stop_projections(&mut self) {
+        if let Some((stop, projector)) = self.projector.take() {
+            let _ = stop.send(());
+            projector.await.expect("the projector task");
+        }
+    }
+
     /// Stops the service gracefully and waits for it.
     pub(crate) async fn stop(mut self) {
+        self.stop_projections().await;
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use opledger_config::{BotMode, Config};
+use opledger_projections::{Projector, ProjectorOptions};
 use opledger_server::App;
 
 use crate::cmd::worker::WorkerArgs;
@@ -14,12 +15,35 @@ pub(crate) struct Serve {
     /// Do not run the worker in this process (run `opledger worker` elsewhere).
     #[arg(long)]
     no_worker: bool,
+    /// Do not run the asynchronous read models in this process (another instance runs them;
+    /// inline ones are still kept by every append).
+    #[arg(long)]
+    no_projections: bool,
     #[command(flatten)]
     worker: WorkerArgs,
 }
 
 pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Result<()> {
     let store = database::open(url).await?;
+    // Registers the read models; one whose definition changed is rebuilt (an inline one before
+    // the service starts, an asynchronous one in the background while its old version serves).
+    let projector = if serve.no_projections {
+        None
+    } else {
+        let mut projector = Projector::new(
+            store.clone(),
+            opledger_projections::builtin(),
+            ProjectorOptions {
+                runner: runner_id(),
+                ..ProjectorOptions::default()
+            },
+        );
+        projector
+            .prepare()
+            .await
+            .context("cannot prepare the read models")?;
+        Some(projector)
+    };
     let worker = if serve.no_worker {
         None
     } else {
@@ -64,6 +88,12 @@ pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Resu
     // (the service keeps answering meanwhile), then the service shuts down and closes the
     // store. A step cut off by a closed store would leave a call's outcome unknown.
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let projector = projector.map(|projector| {
+        let mut stopped = stopped.clone();
+        tokio::spawn(projector.run(async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }))
+    });
     let worker = worker.map(|worker| {
         let mut stopped = stopped.clone();
         tokio::spawn(async move {
@@ -81,11 +111,24 @@ pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Resu
             if let Some(worker) = worker {
                 let _ = worker.await;
             }
+            if let Some(projector) = projector {
+                let _ = projector.await;
+            }
         })
         .await;
     served.context("the service stopped with an error")?;
     say(format_args!("opledger stopped"));
     Ok(())
+}
+
+/// This process's name in the projection registry's `runner` column: `host:pid`.
+pub(crate) fn runner_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
 }
 
 /// A line on stdout for whoever watches; a reader that went away does not stop the service.
