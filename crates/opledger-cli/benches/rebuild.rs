@@ -42,6 +42,12 @@
 #[path = "rebuild/generator.rs"]
 mod generator;
 
+/// The allocator the `opledger` binary uses, so that the raw scan (this binary, in a child
+/// process) and the commands it is compared with allocate alike.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
