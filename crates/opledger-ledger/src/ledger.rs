@@ -53,6 +53,16 @@ pub fn request<E: DomainEvent>(
     events: &[E],
     metadata: &EventMetadata,
 ) -> Result<AppendRequest, LedgerError> {
+    Ok(encode(stream, expected, events, metadata)?)
+}
+
+/// Decided events encoded into an append request; fails only if serde_json cannot encode one.
+pub(crate) fn encode<E: DomainEvent>(
+    stream: StreamId,
+    expected: ExpectedVersion,
+    events: &[E],
+    metadata: &EventMetadata,
+) -> Result<AppendRequest, serde_json::Error> {
     let metadata = raw(metadata.to_bytes()?)?;
     let events = events
         .iter()
@@ -64,7 +74,7 @@ pub fn request<E: DomainEvent>(
                 metadata: metadata.clone(),
             })
         })
-        .collect::<Result<Vec<_>, LedgerError>>()?;
+        .collect::<Result<Vec<_>, serde_json::Error>>()?;
     Ok(AppendRequest::new(stream, expected, events))
 }
 
