@@ -119,6 +119,7 @@ fn only_the_store_and_projections_contain_sql() {
     let root = workspace_root();
     let mut offenders = Vec::new();
     for krate in [
+        "opledger-audit",
         "opledger-domain",
         "opledger-telegram",
         "opledger-config",
