@@ -36,7 +36,7 @@ const DEFAULT_BODY_LIMIT_BYTES: i64 = 1024 * 1024;
 const DEFAULT_REQUEST_TIMEOUT_MS: i64 = 10_000;
 const DEFAULT_SHUTDOWN_GRACE_MS: i64 = 10_000;
 const DEFAULT_DEDUP_RETENTION_HOURS: i64 = 72;
-const DEFAULT_CONNECTION_LIMIT: i64 = 1024;
+const DEFAULT_CONNECTION_LIMIT: i64 = 512;
 const DEFAULT_HEADER_READ_TIMEOUT_MS: i64 = 10_000;
 const DEFAULT_IDLE_TIMEOUT_MS: i64 = 60_000;
 const DEFAULT_API_BASE_URL: &str = "https://api.telegram.org";
@@ -340,7 +340,7 @@ pub struct ServerConfig {
     pub dedup_retention: Duration,
     /// Whether message text and other raw update content is stored; default false.
     pub store_raw_updates: bool,
-    /// The most connections served at once; default 1024, from 16 to 65 536 (lowered at start
+    /// The most connections served at once; default 512, from 16 to 65 536 (lowered at start
     /// to what the process's file descriptor limit leaves room for).
     pub connection_limit: usize,
     /// How long a client may take to send a request's head (from connecting, or from its first

@@ -164,7 +164,7 @@ fn no_file_means_the_defaults() {
         Duration::from_secs(72 * 3600)
     );
     assert!(!config.server.store_raw_updates);
-    assert_eq!(config.server.connection_limit, 1024);
+    assert_eq!(config.server.connection_limit, 512);
     assert_eq!(config.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(config.server.idle_timeout, Duration::from_secs(60));
     assert!(config.api.admin_token.is_none(), "the read API is off");
@@ -639,7 +639,10 @@ fn the_edge_limits_are_read_and_checked() {
     )
     .unwrap();
     assert_eq!(config.server.connection_limit, 64);
-    assert_eq!(config.server.header_read_timeout, Duration::from_millis(2500));
+    assert_eq!(
+        config.server.header_read_timeout,
+        Duration::from_millis(2500)
+    );
     assert_eq!(config.server.idle_timeout, Duration::from_millis(100));
     assert_eq!(
         error("[server]\nconnection_limit = 15\n"),
