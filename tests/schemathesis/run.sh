@@ -6,14 +6,18 @@
 # Usage: tests/schemathesis/run.sh [path/to/opledger]
 # SCHEMATHESIS names the `st` executable (default: `st` on PATH); .ci/run installs a pinned
 # version into a virtualenv. ST_MAX_EXAMPLES and ST_MAX_TIME bound the run (defaults 100 cases
-# per operation and phase, 240 s).
+# per operation and phase, 180 s).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 bin="${1:-target/debug/opledger}"
 st="${SCHEMATHESIS:-st}"
 max_examples="${ST_MAX_EXAMPLES:-100}"
-max_time="${ST_MAX_TIME:-240}"
+max_time="${ST_MAX_TIME:-180}"
+
+if [ ! -x "$bin" ]; then
+  cargo build -p opledger-cli --locked
+fi
 
 work="$(mktemp -d)"
 serve_pid=""
@@ -95,7 +99,7 @@ sleep 4
 
 echo "schemathesis: $("$st" --version)"
 started=$(date +%s)
-status=0
+set +e
 "$st" run "http://$address/v1/openapi.json" \
   --header "Authorization: Bearer $OPLEDGER_ADMIN_TOKEN" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
@@ -105,8 +109,16 @@ status=0
   --generation-database none \
   --workers 2 \
   --no-color \
-  --report junit --report-dir "$work/report" || status=$?
-echo "schemathesis took $(( $(date +%s) - started )) s and exited with $status"
+  --report junit --report-dir "$work/report" 2>&1 | tee "$work/schemathesis.log"
+status=${PIPESTATUS[0]}
+set -e
+# Its "Test cases:" summary, e.g. "5946 generated, 5946 passed, 15 errored", as one closing line.
+summary="$(sed -n '/^Test cases:/{n;p}' "$work/schemathesis.log" | head -n 1)"
+generated="$(grep -Eo '[0-9]+ generated' <<<"$summary" | grep -Eo '[0-9]+' || echo 0)"
+passed="$(grep -Eo '[0-9]+ passed' <<<"$summary" | grep -Eo '[0-9]+' || echo 0)"
+errored="$(grep -Eo '[0-9]+ errored' <<<"$summary" | grep -Eo '[0-9]+' || echo 0)"
+echo "schemathesis took $(( $(date +%s) - started )) s and exited with $status; test cases: $summary"
+echo "schemathesis: $passed passed, $(( generated - passed + errored )) failed"
 if ! kill -0 "$serve_pid" 2>/dev/null; then
   echo "opledger serve died during the run:" >&2
   cat "$work/stderr" >&2
@@ -114,7 +126,7 @@ if ! kill -0 "$serve_pid" 2>/dev/null; then
 fi
 if grep -q "panicked" "$work/stderr"; then
   echo "opledger serve panicked during the run:" >&2
-  grep -A3 "panicked" "$work/stderr" | head -20 >&2
+  grep -m 5 -A 2 "panicked" "$work/stderr" >&2 || true
   exit 1
 fi
 exit "$status"
