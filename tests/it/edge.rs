@@ -408,6 +408,7 @@ async fn a_flood_of_wrong_secrets_is_logged_as_counts_per_interval() {
         .arg(sqlite_url(&dir.path().join("ledger.db")));
     let mut serving = Serving::start(command);
     let address = serving.address().await;
+    let started = Instant::now();
     const FLOOD: usize = 2000;
     let mut senders = Vec::new();
     for sender in 0..4 {
@@ -427,13 +428,15 @@ async fn a_flood_of_wrong_secrets_is_logged_as_counts_per_interval() {
     }
     let status = serving.terminate().await;
     assert_eq!(status.code(), Some(0), "stderr: {}", serving.stderr());
+    // The first line at once, one per 10 s interval, and the rest at shutdown.
+    let most = 2 + usize::try_from(started.elapsed().as_secs() / 10).expect("small");
     let stderr = serving.stderr();
     let lines: Vec<&str> = stderr
         .lines()
         .filter(|line| line.contains("webhook request refused without the right secret"))
         .collect();
     assert!(
-        (1..=3).contains(&lines.len()),
+        (1..=most).contains(&lines.len()),
         "a line per interval: {} lines\n{stderr}",
         lines.len()
     );
