@@ -267,6 +267,7 @@ on_both_backends!(
     metrics_are_openmetrics_text_with_the_known_counts,
     readyz_is_200_normally_and_503_when_storage_is_closed,
     readyz_is_503_while_a_projection_is_stalled,
+    the_documented_bounds_of_parameters_are_the_enforced_ones,
 );
 
 async fn every_data_route_answers_401_without_the_right_token(backend: Backend) {
@@ -1328,4 +1329,91 @@ async fn the_admin_token_never_reaches_the_logs() {
             );
         }
     }
+}
+
+/// Issue 15 D11 (and D5 at the parameter layer): what the OpenAPI document declares about a
+/// parameter is what the API does. `limit` is 1 to 4294967295 (values above a route's maximum
+/// are capped), `from_version` 1 to 2^63 - 1 (a larger one used to panic in the store and drop
+/// the connection), `{id}` a UUID; outside those, a JSON 400 naming the parameter.
+async fn the_documented_bounds_of_parameters_are_the_enforced_ones(backend: Backend) {
+    let Some(world) = World::start(backend).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    world.caught_up().await;
+    let row = world.operation("spring:7").await;
+    let text = world
+        .get_with("/v1/openapi.json", None)
+        .await
+        .text()
+        .await
+        .expect("a body");
+    let document: Value = serde_json::from_str(&text).expect("JSON");
+    let parameter = |path: &str, name: &str| -> Value {
+        document["paths"][path]["get"]["parameters"]
+            .as_array()
+            .expect("parameters")
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{path} declares {name}"))["schema"]
+            .clone()
+    };
+    for path in [
+        "/v1/operations",
+        "/v1/operations/{id}/events",
+        "/v1/streams/{stream_id}/events",
+        "/v1/reconciliation",
+    ] {
+        let limit = parameter(path, "limit");
+        assert_eq!(
+            (&limit["minimum"], &limit["maximum"]),
+            (&json!(1), &json!(4_294_967_295_u64)),
+            "{path}: {limit}"
+        );
+    }
+    for path in [
+        "/v1/operations/{id}/events",
+        "/v1/streams/{stream_id}/events",
+    ] {
+        let from = parameter(path, "from_version");
+        assert_eq!(
+            (&from["minimum"], &from["maximum"]),
+            (&json!(1), &json!(i64::MAX)),
+            "{path}: {from}"
+        );
+    }
+    for path in ["/v1/operations/{id}", "/v1/operations/{id}/events"] {
+        assert_eq!(parameter(path, "id")["format"], "uuid", "{path}");
+    }
+
+    let events = format!("/v1/operations/{}/events", row.operation_id);
+    let stream = format!("/v1/streams/{}/events", row.stream_id);
+    for path in [&events, &stream] {
+        for (query, parameter) in [
+            ("from_version=9223372036854775808", "from_version"),
+            ("from_version=18446744073709551615", "from_version"),
+            ("from_version=0", "from_version"),
+            ("limit=4294967296", "limit"),
+            ("limit=0", "limit"),
+        ] {
+            let (status, body) = world.json(&format!("{path}?{query}")).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path}?{query}: {body}");
+            assert_eq!(body["error"], "bad_parameter", "{path}?{query}: {body}");
+            assert_eq!(body["parameter"], parameter, "{path}?{query}: {body}");
+        }
+        let last = world
+            .ok(&format!(
+                "{path}?from_version=9223372036854775807&limit=4294967295"
+            ))
+            .await;
+        assert_eq!(last["events"], json!([]), "{path}: past the end is empty");
+    }
+    let capped = world.ok("/v1/operations?limit=4294967295").await;
+    assert_eq!(capped["limit"], 500);
+    let (status, body) = world.json("/v1/operations?limit=4294967296").await;
+    assert_eq!(
+        (status, &body["parameter"]),
+        (StatusCode::BAD_REQUEST, &json!("limit"))
+    );
+    world.stop().await;
 }

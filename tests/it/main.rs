@@ -7,6 +7,7 @@ mod buttons;
 mod cli;
 mod conformance;
 mod crash;
+mod edge;
 mod fixtures;
 mod intake;
 mod polling;

@@ -36,6 +36,9 @@ const DEFAULT_BODY_LIMIT_BYTES: i64 = 1024 * 1024;
 const DEFAULT_REQUEST_TIMEOUT_MS: i64 = 10_000;
 const DEFAULT_SHUTDOWN_GRACE_MS: i64 = 10_000;
 const DEFAULT_DEDUP_RETENTION_HOURS: i64 = 72;
+const DEFAULT_CONNECTION_LIMIT: i64 = 512;
+const DEFAULT_HEADER_READ_TIMEOUT_MS: i64 = 10_000;
+const DEFAULT_IDLE_TIMEOUT_MS: i64 = 60_000;
 const DEFAULT_API_BASE_URL: &str = "https://api.telegram.org";
 const DEFAULT_POLL_TIMEOUT_SECS: i64 = 30;
 const DEFAULT_MAX_CONNECTIONS: i64 = 40;
@@ -337,6 +340,15 @@ pub struct ServerConfig {
     pub dedup_retention: Duration,
     /// Whether message text and other raw update content is stored; default false.
     pub store_raw_updates: bool,
+    /// The most connections served at once; default 512, from 16 to 65 536 (lowered at start
+    /// to what the process's file descriptor limit leaves room for).
+    pub connection_limit: usize,
+    /// How long a client may take to send a request's head (from connecting, or from its first
+    /// byte after a pause) and to take an answer; default 10 s, from 100 ms to 60 s.
+    pub header_read_timeout: Duration,
+    /// How long a connection may wait silently between requests; default 60 s, from 100 ms to
+    /// 10 min.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -348,6 +360,9 @@ impl Default for ServerConfig {
             shutdown_grace: millis(DEFAULT_SHUTDOWN_GRACE_MS),
             dedup_retention: hours(DEFAULT_DEDUP_RETENTION_HOURS),
             store_raw_updates: false,
+            connection_limit: usize::try_from(DEFAULT_CONNECTION_LIMIT).unwrap_or(usize::MAX),
+            header_read_timeout: millis(DEFAULT_HEADER_READ_TIMEOUT_MS),
+            idle_timeout: millis(DEFAULT_IDLE_TIMEOUT_MS),
         }
     }
 }
@@ -395,6 +410,29 @@ impl ServerConfig {
             " hours: more than 24 (Telegram retries an update for up to 24 h) and less than 168 \
              (update ids may restart at random after a week of silence)",
         )?;
+        let connection_limit = in_range(
+            "server.connection_limit",
+            raw.connection_limit,
+            DEFAULT_CONNECTION_LIMIT,
+            16..=65_536,
+            " connections; each holds a file descriptor, and some of the limit is kept for \
+             authenticated deliveries and health probes",
+        )?;
+        let header_read_timeout_ms = in_range(
+            "server.header_read_timeout_ms",
+            raw.header_read_timeout_ms,
+            DEFAULT_HEADER_READ_TIMEOUT_MS,
+            100..=60_000,
+            " ms; a client slower than this to send a request's head or take an answer is cut \
+             off, and Telegram sends its requests at once",
+        )?;
+        let idle_timeout_ms = in_range(
+            "server.idle_timeout_ms",
+            raw.idle_timeout_ms,
+            DEFAULT_IDLE_TIMEOUT_MS,
+            100..=600_000,
+            " ms; an idle connection holds a file descriptor",
+        )?;
         Ok(ServerConfig {
             listen,
             body_limit_bytes: usize::try_from(body_limit_bytes).unwrap_or(usize::MAX),
@@ -402,6 +440,9 @@ impl ServerConfig {
             shutdown_grace: millis(shutdown_grace_ms),
             dedup_retention: hours(dedup_retention_hours),
             store_raw_updates: raw.store_raw_updates.unwrap_or(false),
+            connection_limit: usize::try_from(connection_limit).unwrap_or(usize::MAX),
+            header_read_timeout: millis(header_read_timeout_ms),
+            idle_timeout: millis(idle_timeout_ms),
         })
     }
 }

@@ -35,6 +35,9 @@ pub(crate) struct RawServer {
     pub(crate) shutdown_grace_ms: Option<i64>,
     pub(crate) dedup_retention_hours: Option<i64>,
     pub(crate) store_raw_updates: Option<bool>,
+    pub(crate) connection_limit: Option<i64>,
+    pub(crate) header_read_timeout_ms: Option<i64>,
+    pub(crate) idle_timeout_ms: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,7 +96,8 @@ fn known_keys(table: &[&str]) -> &'static str {
         ["storage"] => "url",
         ["server"] => {
             "listen, body_limit_bytes, request_timeout_ms, shutdown_grace_ms, \
-             dedup_retention_hours, store_raw_updates"
+             dedup_retention_hours, store_raw_updates, connection_limit, header_read_timeout_ms, \
+             idle_timeout_ms"
         }
         ["api"] => "admin_token_env",
         ["bots"] => {

@@ -120,6 +120,9 @@ fn example_file_uses_every_key() {
         "shutdown_grace_ms",
         "dedup_retention_hours",
         "store_raw_updates",
+        "connection_limit",
+        "header_read_timeout_ms",
+        "idle_timeout_ms",
         "admin_token_env",
         "name",
         "token_env",
@@ -161,6 +164,9 @@ fn no_file_means_the_defaults() {
         Duration::from_secs(72 * 3600)
     );
     assert!(!config.server.store_raw_updates);
+    assert_eq!(config.server.connection_limit, 512);
+    assert_eq!(config.server.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(config.server.idle_timeout, Duration::from_secs(60));
     assert!(config.api.admin_token.is_none(), "the read API is off");
     assert!(config.bots.is_empty() && config.actions.is_empty());
     // An empty file is the same as no file.
@@ -271,7 +277,8 @@ fn unknown_key_in_a_section() {
         error("[server]\nlisten = \"127.0.0.1:1\"\nbody_limit = 5\n"),
         "config key `server.body_limit`: unknown key; check its spelling (keys allowed here: \
          listen, body_limit_bytes, request_timeout_ms, shutdown_grace_ms, \
-         dedup_retention_hours, store_raw_updates)"
+         dedup_retention_hours, store_raw_updates, connection_limit, header_read_timeout_ms, \
+         idle_timeout_ms)"
     );
 }
 
@@ -623,6 +630,41 @@ fn errors_expose_their_key() {
     assert_eq!(err.key(), Some("server.listen"));
     let err = parse("[server\n").unwrap_err();
     assert_eq!(err.key(), None);
+}
+
+#[test]
+fn the_edge_limits_are_read_and_checked() {
+    let config = parse(
+        "[server]\nconnection_limit = 64\nheader_read_timeout_ms = 2500\nidle_timeout_ms = 100\n",
+    )
+    .unwrap();
+    assert_eq!(config.server.connection_limit, 64);
+    assert_eq!(
+        config.server.header_read_timeout,
+        Duration::from_millis(2500)
+    );
+    assert_eq!(config.server.idle_timeout, Duration::from_millis(100));
+    assert_eq!(
+        error("[server]\nconnection_limit = 15\n"),
+        "config key `server.connection_limit`: 15 is out of range; use 16 to 65536 connections; \
+         each holds a file descriptor, and some of the limit is kept for authenticated \
+         deliveries and health probes"
+    );
+    assert_eq!(
+        error("[server]\nheader_read_timeout_ms = 60001\n"),
+        "config key `server.header_read_timeout_ms`: 60001 is out of range; use 100 to 60000 ms; \
+         a client slower than this to send a request's head or take an answer is cut off, and \
+         Telegram sends its requests at once"
+    );
+    assert_eq!(
+        error("[server]\nidle_timeout_ms = 99\n"),
+        "config key `server.idle_timeout_ms`: 99 is out of range; use 100 to 600000 ms; an idle \
+         connection holds a file descriptor"
+    );
+    assert!(
+        error("[server]\nconnection_limit = \"many\"\n")
+            .starts_with("config key `server.connection_limit`: has the wrong type"),
+    );
 }
 
 #[test]

@@ -21,10 +21,11 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::api::AdminToken;
+use crate::edge::{self, Edge};
 use crate::intake::{Intake, Recorded};
 use crate::replies::{self, Answer};
 use crate::webhook::{self, WebhookSecret};
-use crate::{api, health, metrics, poll};
+use crate::{api, health, metrics, poll, refusals};
 use opledger_ledger::{Clock, SystemClock};
 
 /// Counts the service keeps for operators since it started, exported by `/metrics`.
@@ -49,6 +50,8 @@ pub struct AppState {
     pub(crate) counters: Counters,
     /// The read API's admin token; `None` turns `/v1` off.
     pub(crate) admin_token: Option<AdminToken>,
+    /// The HTTP edge: its limits, open connections and sampled refusals.
+    pub(crate) edge: Arc<Edge>,
     actions: HashMap<String, Vec<Arc<ActionConfig>>>,
     /// How long `/status` waits for its read model: well inside the request timeout, so that a
     /// late read model never turns a recorded update into a 503.
@@ -128,6 +131,7 @@ impl App {
             shutting_down: AtomicBool::new(false),
             counters: Counters::default(),
             admin_token: config.api.admin_token.as_ref().map(AdminToken::new),
+            edge: Arc::new(Edge::new(&config.server)),
             actions,
             status_freshness: replies::STATUS_FRESHNESS.min(config.server.request_timeout / 2),
         };
@@ -181,8 +185,9 @@ impl App {
             .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
     }
 
-    /// Serves on `listener` and polls the bots in poll mode until `shutdown` resolves; then
-    /// stops accepting, answers 503 to requests that still arrive, lets in-flight requests and
+    /// Serves on `listener` (through the edge's limits and timeouts, see `edge`) and polls the
+    /// bots in poll mode until `shutdown` resolves; then stops accepting, closes idle
+    /// connections, answers 503 to requests that still arrive, lets in-flight requests and
     /// polling batches finish (up to the configured grace), confirms the last polled batch and
     /// closes the store, so every acknowledged update is committed.
     pub async fn run(
@@ -211,15 +216,29 @@ impl App {
                 signalled.notify_one();
             }
         };
-        let server = axum::serve(listener, self.router()).with_graceful_shutdown(on_signal);
+        let edge = self.state.edge.clone();
+        let server = edge::serve(edge.clone(), listener, self.router(), on_signal);
         let grace_expired = async {
             signalled.notified().await;
             tokio::time::sleep(grace).await;
         };
+        // Refusals counted but not yet written get their line once their interval has passed.
+        let sampled = tokio::spawn({
+            let edge = edge.clone();
+            async move {
+                let mut tick = tokio::time::interval(refusals::INTERVAL / 4);
+                loop {
+                    tick.tick().await;
+                    edge.refusals.flush(false);
+                }
+            }
+        });
         tokio::select! {
-            result = server => result?,
+            () = server => {}
             () = grace_expired => tracing::warn!(?grace, "in-flight requests outlived the grace period"),
         }
+        sampled.abort();
+        edge.refusals.flush(true);
         for poller in pollers {
             if tokio::time::timeout(grace.max(Duration::from_secs(1)), poller)
                 .await

@@ -4,6 +4,8 @@
 //! - [`intake`]: the intake transaction, one atomic multi-stream append per update.
 //! - [`app`]: [`App::build`] (config and store in, router and pollers out) and [`App::run`]
 //!   (serve until shutdown, then finish in-flight work and close the store).
+//! - `edge`: the accept loop, connection limit and timeouts; `refusals`: sampled logging of
+//!   what the edge refuses.
 //! - `webhook`: the answer table of `POST /telegram/{bot}/webhook`; `poll`: `getUpdates` loops.
 //! - [`api`]: the read API under `/v1` (admin bearer token, OpenAPI document); [`metrics`]:
 //!   `/metrics` (OpenMetrics text); `health`: `/healthz` and `/readyz`.
@@ -16,10 +18,12 @@
 
 pub mod api;
 pub mod app;
+mod edge;
 mod health;
 pub mod intake;
 pub mod metrics;
 mod poll;
+mod refusals;
 pub mod replies;
 mod webhook;
 

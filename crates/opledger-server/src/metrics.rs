@@ -24,6 +24,8 @@
 //! | `opledger_intake_updates_total{outcome}` | counter | this process, since it started |
 //! | `opledger_webhook_rejected_secrets_total` | counter | this process |
 //! | `opledger_api_rejected_tokens_total` | counter | this process |
+//! | `opledger_http_connections` | gauge | this process |
+//! | `opledger_http_refusals_total{reason}` | counter | this process |
 //! | `opledger_storage_readable` | gauge | 1 if every read above succeeded, else 0 |
 //!
 //! When storage cannot be read the scrape still succeeds, with the process counters and
@@ -46,6 +48,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::app::AppState;
+use crate::refusals::Refusal;
 
 /// The content type of the OpenMetrics text format, which Prometheus asks for and parses.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -160,6 +163,27 @@ fn registry(state: &AppState, stored: Option<&Stored>) -> Registry {
         "Read API requests this process refused for a missing or wrong admin token since it \
          started",
         counter(load(&counters.rejected_admin_tokens)),
+    );
+    registry.register(
+        "http_connections",
+        "HTTP connections open now (see [server] connection_limit)",
+        gauge(signed(
+            u64::try_from(state.edge.connections.count()).unwrap_or(u64::MAX),
+        )),
+    );
+    let refused = Family::<Labels, Counter>::default();
+    for kind in Refusal::ALL {
+        refused
+            .get_or_create(&vec![("reason", kind.code().to_owned())])
+            .inc_by(state.edge.refusals.total(kind));
+    }
+    registry.register(
+        "http_refusals",
+        "What the HTTP edge refused since this process started, by reason: webhook_secret, \
+         admin_token (401s), slow_head, slow_reader (timeouts), evicted (idle, to make room), \
+         unvouched (a reserved slot not used for an authenticated request or health probe), \
+         at_limit (every slot busy), accept_failed",
+        refused,
     );
     registry.register(
         "storage_readable",

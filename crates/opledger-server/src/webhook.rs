@@ -3,7 +3,8 @@
 //! | situation | answer |
 //! |---|---|
 //! | secret header missing or wrong (constant-time compare) | 401, nothing stored |
-//! | body over the limit | 413, nothing stored |
+//! | body over the limit (declared or sent) | 413 (at once when declared), nothing stored |
+//! | body malformed or cut short (bad chunked encoding) | 400, nothing stored |
 //! | right secret, not an update (not JSON, no integer `update_id`) | 200, quarantine record |
 //! | new update (any kind, known or not) | 200 after the commit |
 //! | same update again / same id, other body, within retention | 200, noted |
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Json;
-use axum::body::Body;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -26,6 +27,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::app::AppState;
+use crate::edge;
+use crate::refusals::Refusal;
 
 /// The header Telegram puts the webhook secret in.
 pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
@@ -77,12 +80,18 @@ pub(crate) async fn receive(
             .counters
             .rejected_secrets
             .fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(bot, "webhook request without the right secret refused");
+        // Sampled: a flood of these writes a line per interval, not one each.
+        let client = edge::client_address(&request);
+        state
+            .edge
+            .refusals
+            .note(Refusal::WebhookSecret, client, Some(&bot));
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    let body = match axum::body::to_bytes(request.into_body(), state.body_limit).await {
+    edge::vouch(&request);
+    let body = match read_body(request, state.body_limit).await {
         Ok(body) => body,
-        Err(_) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+        Err(status) => return status.into_response(),
     };
     let recorded = match state.intake.record(&bot, &body).await {
         Ok(recorded) => recorded,
@@ -121,6 +130,26 @@ pub(crate) async fn receive(
         .into_response(),
         None => StatusCode::OK.into_response(),
     }
+}
+
+/// The body, at most `limit` bytes: 413 at once, before reading anything, when the declared
+/// length is over the limit, and once the limit is passed otherwise; 400 when the body is
+/// malformed (bad chunked encoding) or cut short. A body too slow to arrive is cut off by the
+/// request timeout (503, so Telegram retries).
+async fn read_body(request: Request, limit: usize) -> Result<Bytes, StatusCode> {
+    let declared = HttpBody::size_hint(request.body()).lower();
+    if usize::try_from(declared).map_or(true, |declared| declared > limit) {
+        return Err(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|error| {
+            if error.into_inner().is::<http_body_util::LengthLimitError>() {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            }
+        })
 }
 
 fn unavailable() -> Response {

@@ -14,6 +14,8 @@ use subtle::ConstantTimeEq;
 
 use crate::api::error::ApiError;
 use crate::app::AppState;
+use crate::edge;
+use crate::refusals::Refusal;
 
 /// The admin token, kept as a digest so that comparing takes the same time whatever the
 /// candidate's length and content (as the webhook secret is).
@@ -80,7 +82,10 @@ pub(crate) async fn require_admin(
         return ApiError::Disabled.into_response();
     };
     let (refused, reason) = match token.check(request.headers()) {
-        Presented::Right => return next.run(request).await,
+        Presented::Right => {
+            edge::vouch(&request);
+            return next.run(request).await;
+        }
         Presented::Nothing => (ApiError::MissingToken, "no bearer token"),
         Presented::Wrong => (ApiError::WrongToken, "wrong bearer token"),
     };
@@ -88,8 +93,12 @@ pub(crate) async fn require_admin(
         .counters
         .rejected_admin_tokens
         .fetch_add(1, Ordering::Relaxed);
-    // The route is in the request's span; what was presented is not logged.
-    tracing::warn!(reason, "read API request refused");
+    // Sampled, a line per interval; what was presented is never logged.
+    let client = edge::client_address(&request);
+    state
+        .edge
+        .refusals
+        .note(Refusal::AdminToken, client, Some(reason));
     refused.into_response()
 }
 

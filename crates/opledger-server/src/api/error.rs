@@ -62,7 +62,7 @@ pub(crate) struct ErrorBody {
     pub(crate) error: &'static str,
     /// What went wrong and what to do, for a person.
     #[schema(
-        example = "parameter `limit`: must be an integer from 1 to 500 (larger values are capped), not `ten`"
+        example = "parameter `limit`: must be an integer from 1 to 500 (larger values, up to 4294967295, are capped), not `ten`"
     )]
     pub(crate) message: String,
     /// The parameter at fault, for `bad_parameter`.

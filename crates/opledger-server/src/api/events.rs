@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use crate::api::ReadErrors;
 use crate::api::error::ApiError;
-use crate::api::params::{Params, quote};
+use crate::api::params::{Params, VERSION_MAX, quote};
 use crate::app::AppState;
 
 /// The query parameters of the event routes.
@@ -99,13 +99,12 @@ pub(crate) async fn page(
     stream: &StreamId,
     params: &Params,
 ) -> Result<EventPage, ApiError> {
-    let from_version = params
-        .parsed::<u64>("from_version", "an integer from 1")?
-        .unwrap_or(1);
-    if from_version == 0 {
+    let what = format!("an integer from 1 to {VERSION_MAX} (streams start at version 1)");
+    let from_version = params.parsed::<u64>("from_version", &what)?.unwrap_or(1);
+    if !(1..=VERSION_MAX).contains(&from_version) {
         return Err(ApiError::bad(
             "from_version",
-            "must be an integer from 1 (streams start at version 1), not `0`",
+            format!("must be {what}, not `{from_version}`"),
         ));
     }
     let limit = params.limit(MAX_LIMIT, MAX_LIMIT)?;
@@ -141,12 +140,12 @@ pub(crate) async fn page(
     operation_id = "stream_events",
     tag = "streams",
     params(
-        ("stream_id" = String, Path, description = "The stream's id, e.g. `op-coupon-spring:42`, \
+        ("stream_id" = String, Path, min_length = 1, max_length = 255, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$", description = "The stream's id, e.g. `op-coupon-spring:42`, \
             `update-shop-17`, `cb-…` (percent-encode characters outside the URL path set)."),
-        ("from_version" = Option<u64>, Query, description = "The first stream version to \
+        ("from_version" = Option<i64>, Query, minimum = 1, maximum = 9_223_372_036_854_775_807_i64, description = "The first stream version to \
             return, from 1 (the default)."),
-        ("limit" = Option<u32>, Query, description = "At most this many events, 1 to 1000 \
-            (larger values are capped); default 1000."),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 4_294_967_295_u32, description = "At most this many events, 1 to 1000 \
+            (larger values, up to 4294967295, are capped); default 1000."),
     ),
     responses(
         (status = 200, description = "A page of the stream's events.", body = EventPage),

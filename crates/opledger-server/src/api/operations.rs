@@ -120,8 +120,8 @@ fn states() -> impl Iterator<Item = &'static str> {
             failed or reconciled."),
         ("bot" = Option<String>, Query, description = "Only this bot's operations."),
         ("user_id" = Option<i64>, Query, description = "Only this Telegram user's operations."),
-        ("limit" = Option<u32>, Query, description = "At most this many, 1 to 500 (larger \
-            values are capped); default 50."),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 4_294_967_295_u32, description = "At most this many, 1 to 500 (larger values, up to \
+            4294967295, are capped); default 50."),
     ),
     responses(
         (status = 200, description = "The operations.", body = OperationList),
@@ -199,7 +199,7 @@ async fn row(state: &AppState, id: &str) -> Result<OperationStatusRow, ApiError>
     path = "/v1/operations/{id}",
     operation_id = "get_operation",
     tag = "operations",
-    params(("id" = String, Path, description = "The operation's id (a UUID).")),
+    params(("id" = String, Path, format = Uuid, description = "The operation's id (a UUID).")),
     responses(
         (status = 200, description = "The operation.", body = OperationView),
         ReadErrors,
@@ -223,11 +223,11 @@ pub(crate) async fn get(
     operation_id = "operation_events",
     tag = "operations",
     params(
-        ("id" = String, Path, description = "The operation's id (a UUID)."),
-        ("from_version" = Option<u64>, Query, description = "The first stream version to \
+        ("id" = String, Path, format = Uuid, description = "The operation's id (a UUID)."),
+        ("from_version" = Option<i64>, Query, minimum = 1, maximum = 9_223_372_036_854_775_807_i64, description = "The first stream version to \
             return, from 1 (the default)."),
-        ("limit" = Option<u32>, Query, description = "At most this many events, 1 to 1000 \
-            (larger values are capped); default 1000."),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 4_294_967_295_u32, description = "At most this many events, 1 to 1000 \
+            (larger values, up to 4294967295, are capped); default 1000."),
     ),
     responses(
         (status = 200, description = "The operation's events.", body = EventPage),

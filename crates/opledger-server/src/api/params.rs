@@ -13,6 +13,13 @@ use crate::api::error::ApiError;
 /// The longest parameter value quoted back in an error.
 const QUOTED_MAX: usize = 64;
 
+/// The largest `limit` accepted (larger ones are refused; those above a route's maximum are
+/// capped to it). The OpenAPI document declares it as the parameter's `maximum`.
+pub(crate) const LIMIT_MAX: u32 = u32::MAX;
+/// The largest stream version a request may name: versions are signed 64-bit in the ledger.
+/// The OpenAPI document declares it as `from_version`'s `maximum`.
+pub(crate) const VERSION_MAX: u64 = i64::MAX.unsigned_abs();
+
 /// A request's query parameters, checked against the names its route takes.
 #[derive(Debug)]
 pub(crate) struct Params {
@@ -66,17 +73,19 @@ impl Params {
             .transpose()
     }
 
-    /// `limit`: `default` when absent, at most `max` (a larger value is capped), at least 1.
+    /// `limit`: `default` when absent, at least 1 and at most [`LIMIT_MAX`] (what the OpenAPI
+    /// document declares); a value above `max` is capped to it.
     pub(crate) fn limit(&self, default: u32, max: u32) -> Result<u32, ApiError> {
-        let what = format!("an integer from 1 to {max} (larger values are capped)");
+        let what =
+            format!("an integer from 1 to {max} (larger values, up to {LIMIT_MAX}, are capped)");
         match self.text("limit") {
             None => Ok(default),
-            Some(text) => match text.parse::<u64>() {
+            Some(text) => match text.parse::<u32>() {
                 Ok(0) | Err(_) => Err(ApiError::bad(
                     "limit",
                     format!("must be {what}, not {}", quote(text)),
                 )),
-                Ok(n) => Ok(u32::try_from(n).unwrap_or(u32::MAX).min(max)),
+                Ok(n) => Ok(n.min(max)),
             },
         }
     }
@@ -122,13 +131,14 @@ mod tests {
     fn limits_are_capped_and_must_be_positive_integers() {
         let params = |q: &str| Params::parse(Some(q), &["limit"]).unwrap();
         assert_eq!(params("limit=100000").limit(50, 500).unwrap(), 500);
+        assert_eq!(params("limit=4294967295").limit(50, 500).unwrap(), 500);
         assert_eq!(
-            params("limit=99999999999999999999")
+            params("limit=4294967296")
                 .limit(50, 500)
                 .unwrap_err()
                 .to_string(),
-            "parameter `limit`: must be an integer from 1 to 500 (larger values are capped), not \
-             `99999999999999999999`"
+            "parameter `limit`: must be an integer from 1 to 500 (larger values, up to \
+             4294967295, are capped), not `4294967296`"
         );
         for bad in ["limit=0", "limit=-1", "limit=ten", "limit=1.5"] {
             assert!(

@@ -80,8 +80,8 @@ pub(crate) struct ReconciliationQueue {
     operation_id = "reconciliation_queue",
     tag = "reconciliation",
     params(
-        ("limit" = Option<u32>, Query, description = "At most this many, 1 to 1000 (larger \
-            values are capped); default 100."),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 4_294_967_295_u32, description = "At most this many, 1 to 1000 (larger values, up to \
+            4294967295, are capped); default 100."),
     ),
     responses(
         (status = 200, description = "The queue, oldest first.", body = ReconciliationQueue),
