@@ -58,7 +58,10 @@ where
 }
 
 /// Rebuilds a state from a stream's recorded events.
-pub fn replay<S: StreamState>(stream: &StreamId, recorded: &[RecordedEvent]) -> Result<S, Unreadable> {
+pub fn replay<S: StreamState>(
+    stream: &StreamId,
+    recorded: &[RecordedEvent],
+) -> Result<S, Unreadable> {
     recorded.iter().try_fold(S::default(), |state, event| {
         let event = S::Event::from_stored(&event.event_type, event.schema_version, &event.payload)
             .map_err(|source| Unreadable {
@@ -150,15 +153,28 @@ impl Snapshot {
 
     /// The state of `stream`, or [`Unread`] when it must be read first.
     pub fn state<S: StreamState>(&self, stream: &StreamId) -> Result<S, Unread> {
-        let key = (stream.clone(), TypeId::of::<S>());
-        match self.states.get(&key) {
-            Some(state) => Ok(state
-                .downcast_ref::<S>()
-                .expect("states are keyed by their type")
-                .clone()),
+        match self.held(stream) {
+            Some(state) => Ok(state),
             None if self.assume_new => Ok(S::default()),
             None => Err(Unread::of::<S>(stream)),
         }
+    }
+
+    /// The state of `stream` as read from the ledger, even on an attempt that assumes new
+    /// streams: for a stream that is expected to exist already (a button's token is issued
+    /// before anyone clicks it), where assuming it new would be a wrong guess every time.
+    pub fn read<S: StreamState>(&self, stream: &StreamId) -> Result<S, Unread> {
+        self.held(stream).ok_or_else(|| Unread::of::<S>(stream))
+    }
+
+    fn held<S: StreamState>(&self, stream: &StreamId) -> Option<S> {
+        let state = self.states.get(&(stream.clone(), TypeId::of::<S>()))?;
+        Some(
+            state
+                .downcast_ref::<S>()
+                .expect("states are keyed by their type")
+                .clone(),
+        )
     }
 
     fn insert<S: StreamState>(&mut self, stream: StreamId, state: S) {
@@ -177,7 +193,10 @@ impl fmt::Debug for Snapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Snapshot")
             .field("assume_new", &self.assume_new)
-            .field("streams", &self.states.keys().map(|(s, _)| s).collect::<Vec<_>>())
+            .field(
+                "streams",
+                &self.states.keys().map(|(s, _)| s).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -207,7 +226,12 @@ impl Changes {
     /// Stages `events` on `stream` at any version: a note that depends on nothing but what
     /// no later event can change (a duplicate delivery, a refused click on a used token), so
     /// that notes never race each other.
-    pub fn note<E: DomainEvent>(&mut self, stream: &StreamId, events: &[E], metadata: &EventMetadata) {
+    pub fn note<E: DomainEvent>(
+        &mut self,
+        stream: &StreamId,
+        events: &[E],
+        metadata: &EventMetadata,
+    ) {
         self.append(stream, ExpectedVersion::Any, events, metadata);
     }
 
@@ -230,6 +254,16 @@ impl Changes {
         }
     }
 
+    /// Stages everything `later` staged, after what is staged here: a decision that must stage
+    /// a stream first although it decides it last (a delivery records the operation its update
+    /// started) stages the rest on its own `Changes` and adds them.
+    pub fn extend(&mut self, later: Changes) {
+        self.requests.extend(later.requests);
+        if let Some(error) = later.unencodable {
+            self.unencodable.get_or_insert(error);
+        }
+    }
+
     /// Whether nothing is staged.
     pub fn is_empty(&self) -> bool {
         self.requests.is_empty()
@@ -242,10 +276,7 @@ impl Changes {
 
     /// The staged events of `stream` decoded as `E`, with the expected version they were staged
     /// at (a test's *then*).
-    pub fn staged<E: DomainEvent>(
-        &self,
-        stream: &StreamId,
-    ) -> Option<(ExpectedVersion, Vec<E>)> {
+    pub fn staged<E: DomainEvent>(&self, stream: &StreamId) -> Option<(ExpectedVersion, Vec<E>)> {
         let request = self.requests.iter().find(|r| &r.stream == stream)?;
         let events = request
             .events
@@ -739,12 +770,66 @@ mod tests {
         assert_eq!(ledger.store().head().await.unwrap().position, 0);
     }
 
+    #[tokio::test]
+    async fn a_stream_read_is_read_even_on_an_attempt_that_assumes_new_streams() {
+        let (_dir, ledger) = ledger().await;
+        let (a, b) = (stream("a"), stream("b"));
+        let runs = AtomicUsize::new(0);
+        ledger
+            .unit_of_work()
+            .run(add(std::slice::from_ref(&a), 4, 10, &runs))
+            .await
+            .unwrap();
+        runs.store(0, Ordering::SeqCst);
+        // Reads a (it exists), assumes b: one read, then one commit that wins the first time.
+        let committed = ledger
+            .unit_of_work()
+            .assume_new()
+            .run(|snapshot, changes| -> Result<u64, Undecided<OverLimit>> {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let read: Counter = snapshot.read(&a)?;
+                let assumed: Counter = snapshot.state(&b)?;
+                changes.decided(&a, &read, &[Added(1)], &metadata());
+                changes.decided(&b, &assumed, &[Added(read.total)], &metadata());
+                Ok(read.total)
+            })
+            .await
+            .unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "one read, one decision");
+        assert_eq!((committed.value, committed.attempts), (4, 1));
+        assert_eq!(total(&ledger, &a).await, 5);
+        assert_eq!(total(&ledger, &b).await, 4);
+        assert!(Snapshot::assuming_new().read::<Counter>(&a).is_err());
+    }
+
+    #[test]
+    fn changes_staged_apart_follow_what_was_staged_first() {
+        let (a, b, c) = (stream("a"), stream("b"), stream("c"));
+        let mut later = Changes::default();
+        later.decided(&b, &Counter::default(), &[Added(2)], &metadata());
+        later.note(&c, &[Added(3)], &metadata());
+        let mut changes = Changes::default();
+        changes.decided(&a, &Counter::default(), &[Added(1)], &metadata());
+        changes.extend(later);
+        assert_eq!(changes.streams(), vec![&a, &b, &c]);
+        assert_eq!(
+            changes.staged::<Added>(&c),
+            Some((ExpectedVersion::Any, vec![Added(3)]))
+        );
+    }
+
     #[test]
     fn staged_events_read_back_as_they_were_decided() {
         let a = stream("a");
         let given = Snapshot::new().given::<Counter>(a.clone(), &[Added(4), Added(1)]);
         let counter: Counter = given.state(&a).unwrap();
-        assert_eq!(counter, Counter { total: 5, version: 2 });
+        assert_eq!(
+            counter,
+            Counter {
+                total: 5,
+                version: 2
+            }
+        );
         assert!(given.state::<Counter>(&stream("b")).is_err());
         assert_eq!(
             Snapshot::assuming_new().state::<Counter>(&a).unwrap(),
