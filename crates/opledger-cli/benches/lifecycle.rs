@@ -287,7 +287,11 @@ async fn run(
                     let Some(body) = bodies.get(n as usize) else {
                         break;
                     };
-                    match intake.record(BOT, body).await {
+                    match intake
+                        .record(BOT, body)
+                        .await
+                        .map(|receipt| receipt.recorded)
+                    {
                         Ok(Recorded::Accepted {
                             route: Route::Started(_),
                             ..

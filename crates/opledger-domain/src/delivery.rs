@@ -168,6 +168,14 @@ impl Delivery {
     pub fn replay<'a>(events: impl IntoIterator<Item = &'a DeliveryEvent>) -> Self {
         events.into_iter().fold(Self::default(), evolve)
     }
+
+    /// Whether an arrival at `now` repeats the current epoch's update (a duplicate or a
+    /// collision): it is within `retention` of the epoch's first receipt. An arrival that does
+    /// not repeat opens an epoch.
+    pub fn repeats(&self, now: DateTime<Utc>, retention: TimeDelta) -> bool {
+        self.first_received_at
+            .is_some_and(|first| now - first < retention)
+    }
 }
 
 /// Decides what an arrival appends at `now`: a first receipt, a duplicate, a collision or a new
@@ -206,29 +214,27 @@ pub fn decide(
         return Err(invalid("retention must be positive"));
     }
 
-    let epoch = match state.first_received_at {
-        Some(first) if now - first < *retention => {
-            let event = if *digest == state.digest {
-                DuplicateDeliveryObserved {
-                    epoch: state.epoch,
-                    digest: digest.clone(),
-                    received_at: *received_at,
-                }
-                .into()
-            } else {
-                UpdateIdCollision {
-                    epoch: state.epoch,
-                    first_digest: state.digest.clone(),
-                    new_digest: digest.clone(),
-                    received_at: *received_at,
-                }
-                .into()
-            };
-            return Ok(vec![event]);
-        }
-        Some(_) => state.epoch.saturating_add(1),
-        None => 1,
-    };
+    if state.repeats(now, *retention) {
+        let event = if *digest == state.digest {
+            DuplicateDeliveryObserved {
+                epoch: state.epoch,
+                digest: digest.clone(),
+                received_at: *received_at,
+            }
+            .into()
+        } else {
+            UpdateIdCollision {
+                epoch: state.epoch,
+                first_digest: state.digest.clone(),
+                new_digest: digest.clone(),
+                received_at: *received_at,
+            }
+            .into()
+        };
+        return Ok(vec![event]);
+    }
+    // The epoch is 0 before the first receipt.
+    let epoch = state.epoch.saturating_add(1);
     let mut events = vec![
         UpdateReceived {
             bot: bot.clone(),

@@ -153,15 +153,28 @@ impl Snapshot {
 
     /// The state of `stream`, or [`Unread`] when it must be read first.
     pub fn state<S: StreamState>(&self, stream: &StreamId) -> Result<S, Unread> {
-        let key = (stream.clone(), TypeId::of::<S>());
-        match self.states.get(&key) {
-            Some(state) => Ok(state
-                .downcast_ref::<S>()
-                .expect("states are keyed by their type")
-                .clone()),
+        match self.held(stream) {
+            Some(state) => Ok(state),
             None if self.assume_new => Ok(S::default()),
             None => Err(Unread::of::<S>(stream)),
         }
+    }
+
+    /// The state of `stream` as read from the ledger, even on an attempt that assumes new
+    /// streams: for a stream that is expected to exist already (a button's token is issued
+    /// before anyone clicks it), where assuming it new would be a wrong guess every time.
+    pub fn read<S: StreamState>(&self, stream: &StreamId) -> Result<S, Unread> {
+        self.held(stream).ok_or_else(|| Unread::of::<S>(stream))
+    }
+
+    fn held<S: StreamState>(&self, stream: &StreamId) -> Option<S> {
+        let state = self.states.get(&(stream.clone(), TypeId::of::<S>()))?;
+        Some(
+            state
+                .downcast_ref::<S>()
+                .expect("states are keyed by their type")
+                .clone(),
+        )
     }
 
     fn insert<S: StreamState>(&mut self, stream: StreamId, state: S) {
@@ -238,6 +251,16 @@ impl Changes {
             Err(error) => {
                 self.unencodable.get_or_insert(error);
             }
+        }
+    }
+
+    /// Stages everything `later` staged, after what is staged here: a decision that must stage
+    /// a stream first although it decides it last (a delivery records the operation its update
+    /// started) stages the rest on its own `Changes` and adds them.
+    pub fn extend(&mut self, later: Changes) {
+        self.requests.extend(later.requests);
+        if let Some(error) = later.unencodable {
+            self.unencodable.get_or_insert(error);
         }
     }
 
@@ -745,6 +768,54 @@ mod tests {
         assert!(committed.appended.is_none());
         assert_eq!(committed.attempts, 0);
         assert_eq!(ledger.store().head().await.unwrap().position, 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_read_is_read_even_on_an_attempt_that_assumes_new_streams() {
+        let (_dir, ledger) = ledger().await;
+        let (a, b) = (stream("a"), stream("b"));
+        let runs = AtomicUsize::new(0);
+        ledger
+            .unit_of_work()
+            .run(add(std::slice::from_ref(&a), 4, 10, &runs))
+            .await
+            .unwrap();
+        runs.store(0, Ordering::SeqCst);
+        // Reads a (it exists), assumes b: one read, then one commit that wins the first time.
+        let committed = ledger
+            .unit_of_work()
+            .assume_new()
+            .run(|snapshot, changes| -> Result<u64, Undecided<OverLimit>> {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let read: Counter = snapshot.read(&a)?;
+                let assumed: Counter = snapshot.state(&b)?;
+                changes.decided(&a, &read, &[Added(1)], &metadata());
+                changes.decided(&b, &assumed, &[Added(read.total)], &metadata());
+                Ok(read.total)
+            })
+            .await
+            .unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "one read, one decision");
+        assert_eq!((committed.value, committed.attempts), (4, 1));
+        assert_eq!(total(&ledger, &a).await, 5);
+        assert_eq!(total(&ledger, &b).await, 4);
+        assert!(Snapshot::assuming_new().read::<Counter>(&a).is_err());
+    }
+
+    #[test]
+    fn changes_staged_apart_follow_what_was_staged_first() {
+        let (a, b, c) = (stream("a"), stream("b"), stream("c"));
+        let mut later = Changes::default();
+        later.decided(&b, &Counter::default(), &[Added(2)], &metadata());
+        later.note(&c, &[Added(3)], &metadata());
+        let mut changes = Changes::default();
+        changes.decided(&a, &Counter::default(), &[Added(1)], &metadata());
+        changes.extend(later);
+        assert_eq!(changes.streams(), vec![&a, &b, &c]);
+        assert_eq!(
+            changes.staged::<Added>(&c),
+            Some((ExpectedVersion::Any, vec![Added(3)]))
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! opledger's service: Telegram intake (webhook and long polling) that records every update
 //! durably and deduplicated before acknowledging it.
 //!
-//! - [`intake`]: the intake transaction, one atomic multi-stream append per update.
+//! - [`intake`]: the intake transaction, one atomic multi-stream append per update (a pure
+//!   decision run by the ledger's unit of work).
 //! - [`app`]: [`App::build`] (config and store in, router and pollers out) and [`App::run`]
 //!   (serve until shutdown, then finish in-flight work and close the store).
 //! - `edge`: the accept loop, connection limit and timeouts; `refusals`: sampled logging of
@@ -28,7 +29,7 @@ pub mod replies;
 mod webhook;
 
 pub use app::{App, Counters, allowed_updates};
-pub use intake::{Intake, IntakeError, Recorded, Route};
+pub use intake::{Intake, IntakeError, IntakeRejection, Receipt, Recorded, Route};
 pub use opledger_ledger::LedgerError;
 pub use opledger_ledger::clock;
 pub use opledger_ledger::{Clock, ManualClock, SystemClock};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opledger_config::BotConfig;
-use opledger_telegram::{BotApi, BotApiError, parse_update};
+use opledger_telegram::{BotApi, BotApiError};
 use tokio::sync::watch;
 
 use crate::app::{AppState, allowed_updates};
@@ -76,13 +76,15 @@ impl Poller {
                 // An update is never skipped: storage failures are retried until it is recorded
                 // (or the process stops, and Telegram delivers it again).
                 let mut retry = Duration::from_millis(100);
-                loop {
+                let update_id = loop {
                     match self.state.intake.record(bot, &raw.bytes).await {
-                        Ok(recorded) => {
-                            self.state.count(&recorded);
-                            let click = crate::replies::callback_to_answer(&recorded, &raw.bytes);
-                            self.answer(recorded, click);
-                            break;
+                        Ok(receipt) => {
+                            self.state.count(&receipt.recorded);
+                            let click =
+                                crate::replies::callback_to_answer(&receipt).map(str::to_owned);
+                            let update_id = receipt.recorded.update_id();
+                            self.answer(receipt.recorded, click);
+                            break update_id;
                         }
                         Err(error) => {
                             tracing::warn!(bot, %error, "a polled update was not recorded; retrying");
@@ -92,10 +94,10 @@ impl Poller {
                             retry = (retry * 2).min(MAX_BACKOFF);
                         }
                     }
-                }
-                if let Ok(update) = parse_update(&raw.bytes) {
-                    offset =
-                        Some(offset.map_or(update.update_id + 1, |o| o.max(update.update_id + 1)));
+                };
+                // A quarantined body has no id: the next update's id moves the offset past it.
+                if let Some(update_id) = update_id {
+                    offset = Some(offset.map_or(update_id + 1, |o| o.max(update_id + 1)));
                 }
             }
         }

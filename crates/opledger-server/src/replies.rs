@@ -16,7 +16,7 @@ use opledger_projections::registry;
 use opledger_projections::user_operations::{self, UserOperation};
 use opledger_store::AnyStore;
 
-use crate::intake::{Recorded, Route};
+use crate::intake::{Receipt, Recorded, Route};
 
 /// How many operations `/status` lists.
 const STATUS_LIMIT: u32 = 5;
@@ -96,20 +96,13 @@ pub async fn answer(
 /// Telegram shows a progress indicator on the button until the query is answered, so every
 /// click is answered at once, best effort, with the pure answer's text as a notice when there
 /// is one; the outcome reply comes from the worker.
-pub fn callback_to_answer(recorded: &Recorded, raw: &[u8]) -> Option<String> {
-    let kind_allows = match recorded {
-        Recorded::Accepted { kind, .. } => kind == "callback_query",
-        Recorded::Duplicate { .. } => true,
-        Recorded::Collision { .. } | Recorded::Quarantined { .. } => false,
-    };
-    if !kind_allows {
-        return None;
+pub fn callback_to_answer(receipt: &Receipt) -> Option<&str> {
+    match receipt.recorded {
+        Recorded::Accepted { .. } | Recorded::Duplicate { .. } => {
+            receipt.callback_query_id.as_deref()
+        }
+        Recorded::Collision { .. } | Recorded::Quarantined { .. } => None,
     }
-    opledger_telegram::parse_update(raw)
-        .ok()
-        .and_then(|update| update.callback)
-        .map(|callback| callback.id)
-        .filter(|id| !id.is_empty())
 }
 
 /// `/help`: the bot's commands, from configuration.

@@ -93,8 +93,8 @@ pub(crate) async fn receive(
         Ok(body) => body,
         Err(status) => return status.into_response(),
     };
-    let recorded = match state.intake.record(&bot, &body).await {
-        Ok(recorded) => recorded,
+    let receipt = match state.intake.record(&bot, &body).await {
+        Ok(receipt) => receipt,
         Err(error) => {
             if error.is_storage() {
                 tracing::warn!(bot, %error, "update not recorded; answering 503 so Telegram retries");
@@ -106,12 +106,12 @@ pub(crate) async fn receive(
     };
     // Crash tests abort here: committed, not yet answered.
     opledger_ledger::failpoint::crash("intake-after-commit");
-    state.count(&recorded);
+    state.count(&receipt.recorded);
     // Pure answers ride on the response (Telegram runs the method it names): a click gets
     // `answerCallbackQuery` with the answer as its notice, anything else `sendMessage`. If
     // reading them fails, the update is recorded anyway.
-    let answer = state.answer(&bot, &recorded).await;
-    if let Some(callback_query_id) = crate::replies::callback_to_answer(&recorded, &body) {
+    let answer = state.answer(&bot, &receipt.recorded).await;
+    if let Some(callback_query_id) = crate::replies::callback_to_answer(&receipt) {
         let mut call = serde_json::json!({
             "method": "answerCallbackQuery",
             "callback_query_id": callback_query_id,

@@ -154,3 +154,32 @@ fn a_raw_body_is_kept_only_when_asked_for() {
         [DeliveryEvent::DuplicateDeliveryObserved(_)]
     ));
 }
+
+#[test]
+fn an_arrival_repeats_the_epoch_only_within_the_window_of_its_first_receipt() {
+    let retention = TimeDelta::seconds(WEEK);
+    let never = Delivery::default();
+    assert!(!never.repeats(t(0), retention), "nothing to repeat");
+    let seen = Delivery::replay(&[update_received(DIGEST_A, 0, 1)]);
+    assert!(seen.repeats(t(0), retention));
+    assert!(seen.repeats(t(WEEK - 1), retention));
+    assert!(
+        seen.repeats(t(-10), retention),
+        "a clock behind counts as inside"
+    );
+    assert!(
+        !seen.repeats(t(WEEK), retention),
+        "the window is open at its end"
+    );
+    // A duplicate does not move the window: it is measured from the first receipt.
+    let repeated = Delivery::replay(&[
+        update_received(DIGEST_A, 0, 1),
+        DuplicateDeliveryObserved {
+            epoch: 1,
+            digest: DIGEST_A.to_owned(),
+            received_at: t(WEEK - 1),
+        }
+        .into(),
+    ]);
+    assert!(!repeated.repeats(t(WEEK), retention));
+}

@@ -1,0 +1,550 @@
+//! The intake decision: what one parsed update appends and where it goes, a pure function of
+//! the states of the streams it touches (ADR 0009).
+//!
+//! The update's delivery stream (`update-{bot}-{update_id}`) is judged first. A repeat within
+//! the retention window (the same body, or another body under the same id) is only noted, at any
+//! version, and routed nowhere. Anything else is routed: an action command starts its operation
+//! (`Received`) or joins it, a repeat of the same key with other parameters records a
+//! `KeyConflictRecorded`, an action with a repeat window records `CommandSeen` on its guard and
+//! gives its operation the guard's epoch, and a button click consumes its token and starts the
+//! token's action. Then the delivery is decided, once, with the operation the route started or
+//! joined, and staged first: `UpdateReceived` comes before everything it led to.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use opledger_config::{ActionConfig, Config};
+use opledger_domain::callback_token::{
+    self, CallbackToken, CallbackTokenCommand, CallbackTokenEvent, TokenIssued, TokenRejection,
+};
+use opledger_domain::delivery::{self, Delivery, DeliveryCommand, DeliveryEvent};
+use opledger_domain::operation::{self, OperationCommand, OperationEvent, Received};
+use opledger_domain::quarantine::{BodyQuarantined, QuarantineEvent, quarantine_stream};
+use opledger_domain::repeat_guard::{self, RepeatGuard, RepeatGuardCommand, RepeatGuardEvent};
+use opledger_domain::{
+    Causation, DeliveryRejection, DomainEvent, EventMetadata, IdError, IssueRejection, Operation,
+    OperationId, OperationLink, Rejection, RepeatGuardRejection, callback_stream, delivery_stream,
+    fingerprint, operation_stream, repeat_guard_stream,
+};
+use opledger_ledger::{Changes, Snapshot, StreamState, Undecided};
+use opledger_store::{ExpectedVersion, InvalidRequest, StreamId, StreamVersion};
+use opledger_telegram::{CallbackQuery, Command, Quarantine, Update};
+
+/// Where an accepted update went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Nothing to do: not a command or a button of ours.
+    Nothing,
+    /// The update started an operation.
+    Started(OperationLink),
+    /// The update asked again for an operation that exists; it joined it.
+    Joined(OperationLink),
+    /// The same business key with other parameters: recorded as a conflict, nothing started.
+    KeyConflict { operation_id: OperationId },
+    /// A command of an action whose arguments do not make a business key.
+    Usage { action: String },
+    /// `/help` (or `/start`): answered from configuration.
+    Help,
+    /// `/status` (with an optional operation id): answered from read models.
+    Status { operation_id: Option<String> },
+    /// A button click that was refused (already used, another user, expired, unknown).
+    TokenRefused { reason: String },
+}
+
+impl Route {
+    /// The operation the update started or joined, which its delivery records.
+    fn link(&self) -> Option<OperationLink> {
+        match self {
+            Route::Started(link) | Route::Joined(link) => Some(link.clone()),
+            _ => None,
+        }
+    }
+
+    fn usage(action: &ActionConfig) -> Self {
+        Route::Usage {
+            action: action.name.clone(),
+        }
+    }
+}
+
+/// Why the domain refused an update or a token; nothing was recorded. None of these is cured
+/// by retrying: each says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntakeRejection {
+    /// The delivery refused the update's record (a malformed update or configuration).
+    #[error("by the update's delivery: {0}")]
+    Delivery(#[from] DeliveryRejection),
+    /// The operation refused the request.
+    #[error("by the operation: {0}")]
+    Operation(#[from] Rejection),
+    /// The repeat guard refused the command.
+    #[error("by the repeat guard: {0}")]
+    RepeatGuard(#[from] RepeatGuardRejection),
+    /// The token refused to be issued.
+    #[error("by the token: {0}")]
+    Token(#[from] IssueRejection),
+    /// A token was asked for an action the configuration does not have.
+    #[error("no action named `{0}` is configured: issue tokens for one of the configured actions")]
+    UnknownAction(String),
+    /// A stream id could not be built from the configuration and the update.
+    #[error(transparent)]
+    Id(#[from] IdError),
+    /// A stream id the store would refuse (too long, a control character).
+    #[error("invalid stream id: {0}")]
+    StreamId(#[from] InvalidRequest),
+    /// The domain decided something intake has no route for.
+    #[error(
+        "the domain decided {decided} where intake expects {expected}: this is a bug, please report it"
+    )]
+    Unexpected {
+        expected: &'static str,
+        decided: &'static str,
+    },
+}
+
+/// The decision's refusal, in the unit of work's terms.
+fn rejected(rejection: impl Into<IntakeRejection>) -> Undecided<IntakeRejection> {
+    Undecided::Rejected(rejection.into())
+}
+
+fn unexpected(
+    expected: &'static str,
+    decided: Option<&impl DomainEvent>,
+) -> Undecided<IntakeRejection> {
+    rejected(IntakeRejection::Unexpected {
+        expected,
+        decided: decided.map_or("nothing", DomainEvent::event_type),
+    })
+}
+
+fn stream_id(id: Result<String, IdError>) -> Result<StreamId, Undecided<IntakeRejection>> {
+    StreamId::new(id.map_err(rejected)?).map_err(rejected)
+}
+
+/// What intake decides with besides the update: the configuration's routes and policies.
+#[derive(Debug)]
+pub(super) struct Rules {
+    /// Each bot's actions by command.
+    commands: HashMap<String, HashMap<String, Arc<ActionConfig>>>,
+    /// Every action by name: a button's token names the action its click starts.
+    actions: HashMap<String, Arc<ActionConfig>>,
+    /// How long an update id counts as the same update after its epoch's first receipt.
+    retention: TimeDelta,
+    /// Whether a first receipt keeps the raw body (`store_raw_updates`).
+    store_raw_updates: bool,
+}
+
+impl Rules {
+    pub(super) fn new(config: &Config) -> Self {
+        let actions: HashMap<String, Arc<ActionConfig>> = config
+            .actions
+            .iter()
+            .map(|a| (a.name.clone(), Arc::new(a.clone())))
+            .collect();
+        let commands = config
+            .bots
+            .iter()
+            .map(|bot| {
+                let commands = actions
+                    .values()
+                    .filter(|a| a.bot == bot.name)
+                    .map(|a| (a.command.clone(), a.clone()))
+                    .collect();
+                (bot.name.clone(), commands)
+            })
+            .collect();
+        Rules {
+            commands,
+            actions,
+            retention: TimeDelta::from_std(config.server.dedup_retention).unwrap_or(TimeDelta::MAX),
+            store_raw_updates: config.server.store_raw_updates,
+        }
+    }
+
+    /// Whether `bot` is configured.
+    pub(super) fn serves(&self, bot: &str) -> bool {
+        self.commands.contains_key(bot)
+    }
+
+    fn action_for(&self, bot: &str, command: &str) -> Option<&ActionConfig> {
+        self.commands.get(bot)?.get(command).map(AsRef::as_ref)
+    }
+}
+
+/// One parsed update, arriving for `bot` at `now`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Arrival<'a> {
+    pub(super) bot: &'a str,
+    pub(super) update: &'a Update,
+    /// The body as received; the ledger keeps it only when the operator opted in.
+    pub(super) raw: &'a [u8],
+    pub(super) now: DateTime<Utc>,
+}
+
+impl Arrival<'_> {
+    /// The delivery's command, with the operation the update led to.
+    fn record(
+        &self,
+        rules: &Rules,
+        operation: Option<OperationLink>,
+        raw_body: Option<String>,
+    ) -> DeliveryCommand {
+        let update = self.update;
+        DeliveryCommand::RecordUpdate {
+            bot: self.bot.to_owned(),
+            update_id: update.update_id,
+            kind: update.kind.as_str().into_owned(),
+            digest: update.digest.clone(),
+            size: update.size as u64,
+            chat_id: update.chat_id,
+            user_id: update.user_id,
+            message_date: update.message_date,
+            received_at: self.now,
+            operation,
+            retention: rules.retention,
+            raw_body,
+        }
+    }
+}
+
+/// What an update decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Decided {
+    /// A new update (or its id reused after the retention window: a new epoch), and its route.
+    Accepted { epoch: u32, route: Route },
+    /// The same update again within the retention window: noted.
+    Duplicate,
+    /// Another body under an id seen within the retention window: noted, not processed.
+    Collision,
+}
+
+/// Decides what `arrival` appends, staging it in `changes`.
+pub(super) fn decide(
+    rules: &Rules,
+    arrival: &Arrival<'_>,
+    snapshot: &Snapshot,
+    changes: &mut Changes,
+) -> Result<Decided, Undecided<IntakeRejection>> {
+    let Arrival {
+        bot, update, now, ..
+    } = *arrival;
+    let stream = stream_id(delivery_stream(bot, update.update_id))?;
+    let metadata = EventMetadata::caused_by(Causation::Update {
+        bot: bot.to_owned(),
+        update_id: update.update_id,
+    })
+    .correlated_with(stream.as_str());
+    let delivery: Delivery = snapshot.state(&stream)?;
+
+    if delivery.repeats(now, rules.retention) {
+        let events = delivery::decide(&delivery, &arrival.record(rules, None, None), now)
+            .map_err(rejected)?;
+        let decided = match events.first() {
+            Some(DeliveryEvent::DuplicateDeliveryObserved(_)) => Decided::Duplicate,
+            Some(DeliveryEvent::UpdateIdCollision(_)) => Decided::Collision,
+            other => return Err(unexpected("a duplicate or a collision", other)),
+        };
+        // A note that depends on nothing but the epoch: repeats never race each other.
+        changes.note(&stream, &events, &metadata);
+        return Ok(decided);
+    }
+
+    let router = Router {
+        rules,
+        arrival,
+        metadata: &metadata,
+        snapshot,
+    };
+    let mut routed = Changes::default();
+    let route = router.route(&mut routed)?;
+    let raw_body = rules
+        .store_raw_updates
+        .then(|| String::from_utf8_lossy(arrival.raw).into_owned());
+    let events = delivery::decide(
+        &delivery,
+        &arrival.record(rules, route.link(), raw_body),
+        now,
+    )
+    .map_err(rejected)?;
+    let Some(DeliveryEvent::UpdateReceived(received)) = events.first() else {
+        return Err(unexpected("a first receipt", events.first()));
+    };
+    let epoch = received.epoch;
+    changes.decided(&stream, &delivery, &events, &metadata);
+    changes.extend(routed);
+    Ok(Decided::Accepted { epoch, route })
+}
+
+/// Routes one update: where it goes, and what it stages besides its delivery.
+struct Router<'a> {
+    rules: &'a Rules,
+    arrival: &'a Arrival<'a>,
+    metadata: &'a EventMetadata,
+    snapshot: &'a Snapshot,
+}
+
+impl Router<'_> {
+    fn route(&self, changes: &mut Changes) -> Result<Route, Undecided<IntakeRejection>> {
+        let update = self.arrival.update;
+        if let Some(command) = &update.text_command {
+            match command.name.as_str() {
+                "help" | "start" => return Ok(Route::Help),
+                "status" => {
+                    return Ok(Route::Status {
+                        operation_id: command.args.first().cloned(),
+                    });
+                }
+                name => {
+                    if let Some(action) = self.rules.action_for(self.arrival.bot, name) {
+                        let Some(params) = bind_params(&action.params, &command.args) else {
+                            return Ok(Route::usage(action));
+                        };
+                        return self.action(action, params, Some(command), changes);
+                    }
+                }
+            }
+        }
+        if let Some(callback) = &update.callback {
+            return self.click(callback, changes);
+        }
+        Ok(Route::Nothing)
+    }
+
+    /// Starts or joins the operation an action's parameters name. `command` is the command
+    /// that asked (a click has none, and no repeat guard).
+    fn action(
+        &self,
+        action: &ActionConfig,
+        params: BTreeMap<String, String>,
+        command: Option<&Command>,
+        changes: &mut Changes,
+    ) -> Result<Route, Undecided<IntakeRejection>> {
+        let Arrival {
+            bot, update, now, ..
+        } = *self.arrival;
+        let lookup = |name: &str| -> Option<String> {
+            match name {
+                "user_id" => update.user_id.map(|v| v.to_string()),
+                "chat_id" => update.chat_id.map(|v| v.to_string()),
+                "bot" => Some(bot.to_owned()),
+                "action" => Some(action.name.clone()),
+                param => params.get(param).cloned(),
+            }
+        };
+        let Ok(mut key) = action.key.render(&lookup) else {
+            return Ok(Route::usage(action));
+        };
+        if let (Some(window), Some(command)) = (action.repeat_window, command) {
+            let stream = stream_id(repeat_guard_stream(
+                bot,
+                update.chat_id,
+                update.user_id,
+                &command.normalized(),
+            ))?;
+            let guard: RepeatGuard = self.snapshot.state(&stream)?;
+            let see = RepeatGuardCommand::See {
+                update_id: update.update_id,
+                // Windows are measured with the message's own date; a message always has one,
+                // the receipt time is only a fallback for odd updates.
+                message_date: update.message_date.unwrap_or(now),
+                window: TimeDelta::from_std(window).unwrap_or(TimeDelta::MAX),
+            };
+            let seen = repeat_guard::decide(&guard, &see, now).map_err(rejected)?;
+            let Some(RepeatGuardEvent::CommandSeen(first)) = seen.first() else {
+                return Err(unexpected("CommandSeen", seen.first()));
+            };
+            key = format!("{key}#{}", first.epoch);
+            changes.decided(&stream, &guard, &seen, self.metadata);
+        }
+
+        let stream = stream_id(operation_stream(&action.name, &key))?;
+        let operation_id = OperationId::new(&action.name, &key);
+        let state: Operation = self.snapshot.state(&stream)?;
+        let received = Received {
+            operation_id,
+            action: action.name.clone(),
+            business_key: key,
+            fingerprint: fingerprint(&action.name, &params),
+            params,
+            bot: bot.to_owned(),
+            chat_id: update.chat_id,
+            user_id: update.user_id,
+            update_id: update.update_id,
+            message_date: update.message_date,
+            max_attempts: action.effector.as_ref().map_or(1, |e| e.max_attempts),
+        };
+        let events = operation::decide(&state, &OperationCommand::Receive(received), now)
+            .map_err(rejected)?;
+        let link = |joined| OperationLink {
+            action: action.name.clone(),
+            operation_id,
+            stream: stream.to_string(),
+            joined,
+        };
+        let route = match events.first() {
+            None => Route::Joined(link(true)),
+            Some(OperationEvent::Received(_)) => Route::Started(link(false)),
+            Some(OperationEvent::KeyConflictRecorded(_)) => Route::KeyConflict { operation_id },
+            other => return Err(unexpected("a receipt or a key conflict", other)),
+        };
+        changes.decided(&stream, &state, &events, self.metadata);
+        Ok(route)
+    }
+
+    /// Consumes a button's token; an accepted click starts the token's action.
+    fn click(
+        &self,
+        callback: &CallbackQuery,
+        changes: &mut Changes,
+    ) -> Result<Route, Undecided<IntakeRejection>> {
+        let Arrival { update, now, .. } = *self.arrival;
+        let Some(data) = callback.data.as_deref() else {
+            return Ok(Route::Nothing);
+        };
+        // Only our own tokens (minted with the token prefix) name a stream; any other callback
+        // data belongs to the bot's own buttons and is not ours to judge.
+        if !data.starts_with(callback_token::TOKEN_PREFIX) {
+            return Ok(Route::Nothing);
+        }
+        let Ok(stream) = callback_stream(data) else {
+            return Ok(Route::Nothing);
+        };
+        let stream = StreamId::new(stream).map_err(rejected)?;
+        let Some(user_id) = update.user_id else {
+            return Ok(Route::Nothing);
+        };
+        // A token is issued before anyone clicks it: assuming its stream new would be wrong.
+        let token: IssuedToken = self.snapshot.read(&stream)?;
+        let consume = CallbackTokenCommand::Consume {
+            user_id,
+            update_id: update.update_id,
+        };
+        let events = callback_token::decide(&token.state, &consume, now).map_err(rejected)?;
+        match events.first() {
+            Some(CallbackTokenEvent::TokenConsumed(_)) => {
+                changes.decided(&stream, &token, &events, self.metadata);
+                let Some(issued) = &token.issued else {
+                    return Ok(Route::Nothing);
+                };
+                let Some(action) = self.rules.actions.get(&issued.action) else {
+                    return Ok(Route::Nothing);
+                };
+                self.action(action, issued.payload.clone(), None, changes)
+            }
+            Some(CallbackTokenEvent::TokenRejected(rejected)) => {
+                // A refusal no later event can undo (the token is used up, is another user's, or
+                // has expired) is a note, like a duplicate delivery, so that clicks refused at
+                // once do not race each other into 503s. A token not issued (yet) depends on the
+                // version read.
+                let expected = match rejected.reason {
+                    TokenRejection::NotIssued => token.expected(),
+                    _ => ExpectedVersion::Any,
+                };
+                changes.append(&stream, expected, &events, self.metadata);
+                Ok(Route::TokenRefused {
+                    reason: reason_name(rejected.reason),
+                })
+            }
+            other => Err(unexpected("a consumed or a refused click", other)),
+        }
+    }
+}
+
+/// A refusal's name as the ledger writes it (`already_consumed`, ...).
+fn reason_name(reason: TokenRejection) -> String {
+    serde_json::to_value(reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A button's token as a click's decision needs it: the aggregate's state, and the issue whose
+/// action and payload an accepted click starts (the aggregate does not keep them).
+#[derive(Debug, Clone, Default)]
+pub(super) struct IssuedToken {
+    state: CallbackToken,
+    issued: Option<TokenIssued>,
+}
+
+impl StreamState for IssuedToken {
+    type Event = CallbackTokenEvent;
+
+    fn apply(mut self, event: &CallbackTokenEvent) -> Self {
+        if let (None, CallbackTokenEvent::TokenIssued(issued)) = (&self.issued, event) {
+            self.issued = Some(issued.clone());
+        }
+        self.state = callback_token::evolve(self.state, event);
+        self
+    }
+
+    fn version(&self) -> StreamVersion {
+        self.state.version
+    }
+}
+
+/// Stages what the ledger keeps of a body that is not an update (its digest and size, never
+/// the body), as a note on the bot's quarantine stream; returns the reason.
+pub(super) fn quarantine(
+    bot: &str,
+    quarantine: &Quarantine,
+    now: DateTime<Utc>,
+    changes: &mut Changes,
+) -> Result<String, Undecided<IntakeRejection>> {
+    let stream = stream_id(quarantine_stream(bot))?;
+    let reason = quarantine.reason.as_str().to_owned();
+    let event: QuarantineEvent = BodyQuarantined {
+        reason: reason.clone(),
+        digest: quarantine.digest.clone(),
+        size: quarantine.size as u64,
+        received_at: now,
+    }
+    .into();
+    let metadata = EventMetadata::caused_by(Causation::System {
+        component: "intake".to_owned(),
+    });
+    changes.note(&stream, &[event], &metadata);
+    Ok(reason)
+}
+
+/// Issues a one-time button token for one of the configured actions, on its new stream.
+pub(super) fn issue(
+    rules: &Rules,
+    issued: &TokenIssued,
+    now: DateTime<Utc>,
+    snapshot: &Snapshot,
+    changes: &mut Changes,
+) -> Result<(), Undecided<IntakeRejection>> {
+    if !rules.actions.contains_key(&issued.action) {
+        return Err(rejected(IntakeRejection::UnknownAction(
+            issued.action.clone(),
+        )));
+    }
+    let stream = stream_id(callback_stream(&issued.token))?;
+    let token: CallbackToken = snapshot.state(&stream)?;
+    let events = callback_token::decide(&token, &CallbackTokenCommand::Issue(issued.clone()), now)
+        .map_err(rejected)?;
+    let metadata = EventMetadata::caused_by(Causation::System {
+        component: "tokens".to_owned(),
+    });
+    changes.decided(&stream, &token, &events, &metadata);
+    Ok(())
+}
+
+/// Binds a command's arguments to an action's parameters in order; the last parameter takes
+/// the rest of the arguments. `None` when an argument is missing.
+pub(super) fn bind_params(params: &[String], args: &[String]) -> Option<BTreeMap<String, String>> {
+    if args.len() < params.len() {
+        return None;
+    }
+    let mut bound = BTreeMap::new();
+    for (i, param) in params.iter().enumerate() {
+        let value = if i + 1 == params.len() {
+            args[i..].join(" ")
+        } else {
+            args[i].clone()
+        };
+        bound.insert(param.clone(), value);
+    }
+    Some(bound)
+}

@@ -1,0 +1,809 @@
+//! Given/when/then tables for the intake decision, without a store: given the streams' events,
+//! when an update arrives, then these appends (expected version and events, in order) and this
+//! route.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use opledger_config::Config;
+use opledger_domain::callback_token::{
+    CallbackToken, CallbackTokenEvent, TokenConsumed, TokenIssued, TokenRejected, TokenRejection,
+};
+use opledger_domain::delivery::{
+    Delivery, DeliveryEvent, DuplicateDeliveryObserved, RawUpdateStored, UpdateIdCollision,
+    UpdateReceived,
+};
+use opledger_domain::operation::{KeyConflictRecorded, OperationEvent, Received};
+use opledger_domain::quarantine::QuarantineEvent;
+use opledger_domain::repeat_guard::{CommandSeen, RepeatGuard, RepeatGuardEvent};
+use opledger_domain::{
+    DomainEvent, Operation, OperationId, OperationLink, callback_stream, fingerprint,
+    repeat_guard_stream,
+};
+use opledger_ledger::{Changes, Snapshot, StreamState, Undecided};
+use opledger_store::{ExpectedVersion, StreamId};
+use opledger_telegram::parse_update;
+
+use super::decision::{self, Arrival, Decided, IssuedToken, Rules, bind_params};
+use super::{IntakeRejection, Route};
+
+/// `/coupon <campaign>`, one per campaign and user; `/feedback <topic> <text>`, one per topic
+/// and user whatever the text; `/refund <order>`, once per minute of repeats.
+const CONFIG: &str = r#"
+[[bots]]
+name = "shop"
+token_env = "SHOP_TOKEN"
+webhook_secret_env = "SHOP_SECRET"
+
+[[actions]]
+name = "coupon"
+bot = "shop"
+command = "coupon"
+params = ["campaign"]
+key = "{campaign}:{user_id}"
+[actions.effector]
+url = "http://127.0.0.1:9/coupons"
+max_attempts = 3
+
+[[actions]]
+name = "feedback"
+bot = "shop"
+command = "feedback"
+params = ["topic", "text"]
+key = "{topic}:{user_id}"
+
+[[actions]]
+name = "refund"
+bot = "shop"
+command = "refund"
+params = ["order"]
+key = "{order}"
+repeat_window_secs = 60
+"#;
+
+const USER: i64 = 7;
+/// The default `server.dedup_retention_hours`.
+const RETENTION: TimeDelta = TimeDelta::hours(72);
+
+fn config(extra: &str) -> Config {
+    let env = HashMap::from([("SHOP_TOKEN", "1:token"), ("SHOP_SECRET", "secret")]);
+    Config::parse(&format!("{extra}{CONFIG}"), &|name| {
+        env.get(name).map(|v| (*v).to_owned())
+    })
+    .expect("the test configuration")
+}
+
+/// Seconds after the start of the tests' time.
+fn t(seconds: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_790_000_000 + seconds, 0).expect("in range")
+}
+
+fn stream(id: &str) -> StreamId {
+    StreamId::new(id).expect("a stream id")
+}
+
+fn delivery(update_id: i64) -> StreamId {
+    stream(&format!("update-shop-{update_id}"))
+}
+
+/// A message from `USER` in a private chat with them, dated `date` (seconds after `t(0)`).
+fn message(update_id: i64, date: i64, text: &str) -> Vec<u8> {
+    let entities = match text.split_whitespace().next() {
+        Some(command) if command.starts_with('/') => {
+            serde_json::json!([{ "type": "bot_command", "offset": 0, "length": command.len() }])
+        }
+        _ => serde_json::json!([]),
+    };
+    serde_json::to_vec(&serde_json::json!({
+        "update_id": update_id,
+        "message": {
+            "message_id": update_id,
+            "date": t(date).timestamp(),
+            "chat": { "id": USER, "type": "private" },
+            "from": { "id": USER, "is_bot": false, "first_name": "Test" },
+            "text": text,
+            "entities": entities,
+        }
+    }))
+    .expect("JSON")
+}
+
+/// A click by `user` on a button carrying `data`.
+fn click(update_id: i64, user: i64, data: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "update_id": update_id,
+        "callback_query": {
+            "id": format!("cb{update_id}"),
+            "from": { "id": user, "is_bot": false, "first_name": "Test" },
+            "chat_instance": "1",
+            "message": { "message_id": 1, "date": t(0).timestamp(), "chat": { "id": user, "type": "private" } },
+            "data": data,
+        }
+    }))
+    .expect("JSON")
+}
+
+const TOKEN: &str = "t1_00112233445566778899aabbccddeeff";
+
+fn token_stream() -> StreamId {
+    stream(&callback_stream(TOKEN).expect("a token"))
+}
+
+/// The spring coupon's token, issued for `USER` until `t(600)`.
+fn issued() -> CallbackTokenEvent {
+    TokenIssued {
+        token: TOKEN.to_owned(),
+        action: "coupon".to_owned(),
+        operation_id: None,
+        user_id: USER,
+        chat_id: Some(USER),
+        expires_at: t(600),
+        payload: BTreeMap::from([("campaign".to_owned(), "spring".to_owned())]),
+    }
+    .into()
+}
+
+/// The first receipt of `body` at `at`, in `epoch`, leading to `operation`.
+fn receipt(body: &[u8], at: i64, epoch: u32, operation: Option<OperationLink>) -> DeliveryEvent {
+    let update = parse_update(body).expect("an update");
+    UpdateReceived {
+        bot: "shop".to_owned(),
+        update_id: update.update_id,
+        epoch,
+        kind: update.kind.as_str().into_owned(),
+        digest: update.digest,
+        size: update.size as u64,
+        chat_id: update.chat_id,
+        user_id: update.user_id,
+        message_date: update.message_date,
+        received_at: t(at),
+        operation,
+    }
+    .into()
+}
+
+fn link(action: &str, key: &str, joined: bool) -> OperationLink {
+    OperationLink {
+        action: action.to_owned(),
+        operation_id: OperationId::new(action, key),
+        stream: format!("op-{action}-{key}"),
+        joined,
+    }
+}
+
+/// The request `body` makes of `action` under `key`.
+fn request(action: &str, key: &str, params: &[(&str, &str)], body: &[u8]) -> Received {
+    let update = parse_update(body).expect("an update");
+    let params: BTreeMap<String, String> = params
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let config = config("");
+    let action_config = config.actions.iter().find(|a| a.name == action).unwrap();
+    Received {
+        operation_id: OperationId::new(action, key),
+        action: action.to_owned(),
+        business_key: key.to_owned(),
+        fingerprint: fingerprint(action, &params),
+        params,
+        bot: "shop".to_owned(),
+        chat_id: update.chat_id,
+        user_id: update.user_id,
+        update_id: update.update_id,
+        message_date: update.message_date,
+        max_attempts: action_config
+            .effector
+            .as_ref()
+            .map_or(1, |e| e.max_attempts),
+    }
+}
+
+fn coupon(campaign: &str, body: &[u8]) -> Received {
+    let key = format!("{campaign}:{USER}");
+    request("coupon", &key, &[("campaign", campaign)], body)
+}
+
+fn guard_stream(text: &str) -> StreamId {
+    stream(&repeat_guard_stream("shop", Some(USER), Some(USER), text).expect("a guard stream"))
+}
+
+/// The streams the decision is given.
+struct Given {
+    snapshot: Snapshot,
+    config: Config,
+}
+
+/// A first attempt: every stream not given is taken as new (ADR 0006).
+fn first_attempt() -> Given {
+    Given {
+        snapshot: Snapshot::assuming_new(),
+        config: config(""),
+    }
+}
+
+/// An attempt after a conflict: every stream is read, so a test gives each stream the
+/// decision may ask for (empty when it does not exist); asking for another is a failure.
+fn given() -> Given {
+    Given {
+        snapshot: Snapshot::new(),
+        config: config(""),
+    }
+}
+
+impl Given {
+    fn stream<S: StreamState>(mut self, stream: &StreamId, events: &[S::Event]) -> Self {
+        self.snapshot = self.snapshot.given::<S>(stream.clone(), events);
+        self
+    }
+
+    fn with_config(mut self, extra: &str) -> Self {
+        self.config = config(extra);
+        self
+    }
+
+    /// Decides `body` arriving at `at`.
+    fn when(self, body: &[u8], at: i64) -> Then {
+        let update = parse_update(body).expect("an update");
+        let arrival = Arrival {
+            bot: "shop",
+            update: &update,
+            raw: body,
+            now: t(at),
+        };
+        let mut changes = Changes::default();
+        let decided = decision::decide(
+            &Rules::new(&self.config),
+            &arrival,
+            &self.snapshot,
+            &mut changes,
+        );
+        Then { changes, decided }
+    }
+}
+
+/// A decision, waiting to be checked.
+struct Then {
+    changes: Changes,
+    decided: Result<Decided, Undecided<IntakeRejection>>,
+}
+
+impl Then {
+    /// Asserts what was decided.
+    fn decided(&self, expected: Decided) -> &Self {
+        match &self.decided {
+            Ok(decided) => assert_eq!(decided, &expected),
+            Err(undecided) => panic!("undecided ({undecided:?}), expected {expected:?}"),
+        }
+        self
+    }
+
+    /// Asserts the update was accepted in `epoch` and went to `route`.
+    fn routed(&self, epoch: u32, route: Route) -> &Self {
+        self.decided(Decided::Accepted { epoch, route })
+    }
+
+    /// Asserts which streams were staged, in order.
+    fn streams(&self, expected: &[&StreamId]) -> &Self {
+        assert_eq!(self.changes.streams(), expected);
+        self
+    }
+
+    /// Asserts what was staged on `stream`.
+    fn staged<E: DomainEvent + PartialEq + std::fmt::Debug>(
+        &self,
+        stream: &StreamId,
+        expected: ExpectedVersion,
+        events: Vec<E>,
+    ) -> &Self {
+        assert_eq!(
+            self.changes.staged::<E>(stream),
+            Some((expected, events)),
+            "staged on {stream}"
+        );
+        self
+    }
+
+    /// Asserts the decision asked for `stream` before it could decide.
+    fn reads(&self, stream: &StreamId) {
+        match &self.decided {
+            Err(Undecided::Unread(unread)) => assert_eq!(unread.stream(), stream),
+            other => panic!("expected a read of {stream}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_message_without_a_command_records_its_delivery_and_goes_nowhere() {
+    let body = message(1, 0, "hello");
+    first_attempt()
+        .when(&body, 1)
+        .routed(1, Route::Nothing)
+        .streams(&[&delivery(1)])
+        .staged(
+            &delivery(1),
+            ExpectedVersion::NoStream,
+            vec![receipt(&body, 1, 1, None)],
+        );
+}
+
+#[test]
+fn a_new_action_command_starts_its_operation_assuming_every_stream_new() {
+    let body = message(1, 0, "/coupon spring");
+    let op = stream("op-coupon-spring:7");
+    let started = link("coupon", "spring:7", false);
+    first_attempt()
+        .when(&body, 1)
+        .routed(1, Route::Started(started.clone()))
+        .streams(&[&delivery(1), &op])
+        .staged(
+            &delivery(1),
+            ExpectedVersion::NoStream,
+            vec![receipt(&body, 1, 1, Some(started))],
+        )
+        .staged(
+            &op,
+            ExpectedVersion::NoStream,
+            vec![OperationEvent::from(coupon("spring", &body))],
+        );
+}
+
+#[test]
+fn the_same_business_key_joins_its_operation_and_stages_nothing_on_it() {
+    let first = message(1, 0, "/coupon spring");
+    let again = message(2, 5, "/coupon spring");
+    let op = stream("op-coupon-spring:7");
+    let joined = link("coupon", "spring:7", true);
+    given()
+        .stream::<Delivery>(&delivery(2), &[])
+        .stream::<Operation>(&op, &[coupon("spring", &first).into()])
+        .when(&again, 6)
+        .routed(1, Route::Joined(joined.clone()))
+        .streams(&[&delivery(2)])
+        .staged(
+            &delivery(2),
+            ExpectedVersion::NoStream,
+            vec![receipt(&again, 6, 1, Some(joined))],
+        );
+}
+
+#[test]
+fn the_same_key_with_other_parameters_is_a_recorded_key_conflict() {
+    let first = message(1, 0, "/feedback delivery too slow");
+    let other = message(2, 5, "/feedback delivery lovely");
+    let op = stream("op-feedback-delivery:7");
+    let params = |text| [("topic", "delivery"), ("text", text)];
+    let existing = request("feedback", "delivery:7", &params("too slow"), &first);
+    let asked = request("feedback", "delivery:7", &params("lovely"), &other);
+    given()
+        .stream::<Delivery>(&delivery(2), &[])
+        .stream::<Operation>(&op, &[existing.clone().into()])
+        .when(&other, 6)
+        .routed(
+            1,
+            Route::KeyConflict {
+                operation_id: OperationId::new("feedback", "delivery:7"),
+            },
+        )
+        .streams(&[&delivery(2), &op])
+        .staged(
+            &delivery(2),
+            ExpectedVersion::NoStream,
+            vec![receipt(&other, 6, 1, None)],
+        )
+        .staged(
+            &op,
+            ExpectedVersion::Exact(1),
+            vec![OperationEvent::from(KeyConflictRecorded {
+                update_id: 2,
+                bot: "shop".to_owned(),
+                fingerprint: asked.fingerprint,
+                existing_fingerprint: existing.fingerprint,
+            })],
+        );
+}
+
+#[test]
+fn a_command_without_its_parameters_gets_usage_and_starts_nothing() {
+    let body = message(1, 0, "/coupon");
+    first_attempt()
+        .when(&body, 1)
+        .routed(
+            1,
+            Route::Usage {
+                action: "coupon".to_owned(),
+            },
+        )
+        .streams(&[&delivery(1)]);
+}
+
+#[test]
+fn help_start_and_status_are_answered_without_touching_any_other_stream() {
+    let cases = [
+        ("/help", Route::Help),
+        ("/start", Route::Help),
+        ("/status", Route::Status { operation_id: None }),
+        (
+            "/status abc",
+            Route::Status {
+                operation_id: Some("abc".to_owned()),
+            },
+        ),
+    ];
+    for (text, route) in cases {
+        let body = message(1, 0, text);
+        given()
+            .stream::<Delivery>(&delivery(1), &[])
+            .when(&body, 1)
+            .routed(1, route)
+            .streams(&[&delivery(1)]);
+    }
+}
+
+#[test]
+fn the_same_update_within_retention_is_only_noted_and_routed_nowhere() {
+    let body = message(1, 0, "/coupon spring");
+    let started = link("coupon", "spring:7", false);
+    // Only the delivery is given: routing would ask for the operation's stream.
+    given()
+        .stream::<Delivery>(&delivery(1), &[receipt(&body, 1, 1, Some(started))])
+        .when(&body, 30)
+        .decided(Decided::Duplicate)
+        .streams(&[&delivery(1)])
+        .staged(
+            &delivery(1),
+            ExpectedVersion::Any,
+            vec![DeliveryEvent::from(DuplicateDeliveryObserved {
+                epoch: 1,
+                digest: parse_update(&body).unwrap().digest,
+                received_at: t(30),
+            })],
+        );
+}
+
+#[test]
+fn another_body_under_a_recent_id_is_a_noted_collision() {
+    let first = message(1, 0, "/coupon spring");
+    let other = message(1, 0, "/coupon autumn");
+    given()
+        .stream::<Delivery>(&delivery(1), &[receipt(&first, 1, 1, None)])
+        .when(&other, 45)
+        .decided(Decided::Collision)
+        .streams(&[&delivery(1)])
+        .staged(
+            &delivery(1),
+            ExpectedVersion::Any,
+            vec![DeliveryEvent::from(UpdateIdCollision {
+                epoch: 1,
+                first_digest: parse_update(&first).unwrap().digest,
+                new_digest: parse_update(&other).unwrap().digest,
+                received_at: t(45),
+            })],
+        );
+}
+
+#[test]
+fn an_id_seen_again_after_retention_opens_a_new_epoch_and_is_routed_again() {
+    let body = message(1, 0, "/coupon spring");
+    let op = stream("op-coupon-spring:7");
+    let later = RETENTION.num_seconds() + 1;
+    let joined = link("coupon", "spring:7", true);
+    given()
+        .stream::<Delivery>(
+            &delivery(1),
+            &[receipt(
+                &body,
+                1,
+                1,
+                Some(link("coupon", "spring:7", false)),
+            )],
+        )
+        .stream::<Operation>(&op, &[coupon("spring", &body).into()])
+        .when(&body, later)
+        .routed(2, Route::Joined(joined.clone()))
+        .streams(&[&delivery(1)])
+        .staged(
+            &delivery(1),
+            ExpectedVersion::Exact(1),
+            vec![receipt(&body, later, 2, Some(joined))],
+        );
+}
+
+#[test]
+fn a_raw_body_is_staged_after_its_receipt_only_when_the_operator_opted_in() {
+    let body = message(1, 0, "hello");
+    first_attempt()
+        .with_config("[server]\nstore_raw_updates = true\n")
+        .when(&body, 1)
+        .staged(
+            &delivery(1),
+            ExpectedVersion::NoStream,
+            vec![
+                receipt(&body, 1, 1, None),
+                RawUpdateStored {
+                    epoch: 1,
+                    body: String::from_utf8(body.clone()).unwrap(),
+                }
+                .into(),
+            ],
+        );
+}
+
+#[test]
+fn a_repeat_inside_the_window_joins_the_operation_of_the_guard_s_epoch() {
+    let first = message(1, 0, "/refund A1");
+    let again = message(2, 30, "/refund A1");
+    let guard = guard_stream("refund A1");
+    let op = stream("op-refund-A1#1");
+    let joined = link("refund", "A1#1", true);
+    let seen = |update_id, date| -> RepeatGuardEvent {
+        CommandSeen {
+            update_id,
+            message_date: t(date),
+            epoch: 1,
+        }
+        .into()
+    };
+    given()
+        .stream::<Delivery>(&delivery(2), &[])
+        .stream::<RepeatGuard>(&guard, &[seen(1, 0)])
+        .stream::<Operation>(
+            &op,
+            &[request("refund", "A1#1", &[("order", "A1")], &first).into()],
+        )
+        .when(&again, 31)
+        .routed(1, Route::Joined(joined.clone()))
+        .streams(&[&delivery(2), &guard])
+        .staged(
+            &delivery(2),
+            ExpectedVersion::NoStream,
+            vec![receipt(&again, 31, 1, Some(joined))],
+        )
+        .staged(&guard, ExpectedVersion::Exact(1), vec![seen(2, 30)]);
+}
+
+#[test]
+fn a_repeat_after_the_window_starts_the_next_epoch_s_operation() {
+    let again = message(2, 61, "/refund A1");
+    let guard = guard_stream("refund A1");
+    let op = stream("op-refund-A1#2");
+    let started = link("refund", "A1#2", false);
+    given()
+        .stream::<Delivery>(&delivery(2), &[])
+        .stream::<RepeatGuard>(
+            &guard,
+            &[CommandSeen {
+                update_id: 1,
+                message_date: t(0),
+                epoch: 1,
+            }
+            .into()],
+        )
+        .stream::<Operation>(&op, &[])
+        .when(&again, 62)
+        .routed(1, Route::Started(started.clone()))
+        .streams(&[&delivery(2), &guard, &op])
+        .staged(
+            &guard,
+            ExpectedVersion::Exact(1),
+            vec![RepeatGuardEvent::from(CommandSeen {
+                update_id: 2,
+                message_date: t(61),
+                epoch: 2,
+            })],
+        )
+        .staged(
+            &op,
+            ExpectedVersion::NoStream,
+            vec![OperationEvent::from(request(
+                "refund",
+                "A1#2",
+                &[("order", "A1")],
+                &again,
+            ))],
+        );
+}
+
+#[test]
+fn a_click_consumes_its_token_and_starts_the_token_s_action() {
+    let body = click(5, USER, TOKEN);
+    let op = stream("op-coupon-spring:7");
+    let started = link("coupon", "spring:7", false);
+    first_attempt()
+        .stream::<IssuedToken>(&token_stream(), &[issued()])
+        .when(&body, 10)
+        .routed(1, Route::Started(started.clone()))
+        .streams(&[&delivery(5), &token_stream(), &op])
+        .staged(
+            &delivery(5),
+            ExpectedVersion::NoStream,
+            vec![receipt(&body, 10, 1, Some(started))],
+        )
+        .staged(
+            &token_stream(),
+            ExpectedVersion::Exact(1),
+            vec![CallbackTokenEvent::from(TokenConsumed {
+                user_id: USER,
+                update_id: 5,
+            })],
+        )
+        .staged(
+            &op,
+            ExpectedVersion::NoStream,
+            vec![OperationEvent::from(coupon("spring", &body))],
+        );
+}
+
+#[test]
+fn a_token_s_stream_is_read_even_on_the_first_attempt() {
+    first_attempt()
+        .when(&click(5, USER, TOKEN), 10)
+        .reads(&token_stream());
+}
+
+#[test]
+fn after_a_conflict_the_delivery_is_read_before_anything_else() {
+    given()
+        .when(&message(1, 0, "/coupon spring"), 1)
+        .reads(&delivery(1));
+}
+
+#[test]
+fn clicks_no_later_event_can_save_are_refused_as_notes_at_any_version() {
+    let consumed: CallbackTokenEvent = TokenConsumed {
+        user_id: USER,
+        update_id: 4,
+    }
+    .into();
+    let cases = [
+        (
+            vec![issued(), consumed],
+            USER,
+            10,
+            TokenRejection::AlreadyConsumed,
+        ),
+        (vec![issued()], USER + 1, 10, TokenRejection::WrongUser),
+        (vec![issued()], USER, 600, TokenRejection::Expired),
+    ];
+    for (history, user, at, reason) in cases {
+        let body = click(5, user, TOKEN);
+        let then = given()
+            .stream::<Delivery>(&delivery(5), &[])
+            .stream::<IssuedToken>(&token_stream(), &history)
+            .when(&body, at);
+        then.routed(
+            1,
+            Route::TokenRefused {
+                reason: serde_json::to_value(reason)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            },
+        )
+        .streams(&[&delivery(5), &token_stream()])
+        .staged(
+            &token_stream(),
+            ExpectedVersion::Any,
+            vec![CallbackTokenEvent::from(TokenRejected {
+                reason,
+                user_id: user,
+                update_id: 5,
+            })],
+        );
+    }
+}
+
+#[test]
+fn a_click_on_a_token_not_issued_is_refused_at_the_version_read() {
+    let refused = |update_id| -> CallbackTokenEvent {
+        TokenRejected {
+            reason: TokenRejection::NotIssued,
+            user_id: USER,
+            update_id,
+        }
+        .into()
+    };
+    let cases = [
+        (vec![], ExpectedVersion::NoStream),
+        (vec![refused(4)], ExpectedVersion::Exact(1)),
+    ];
+    for (history, expected) in cases {
+        given()
+            .stream::<Delivery>(&delivery(5), &[])
+            .stream::<IssuedToken>(&token_stream(), &history)
+            .when(&click(5, USER, TOKEN), 10)
+            .routed(
+                1,
+                Route::TokenRefused {
+                    reason: "not_issued".to_owned(),
+                },
+            )
+            .staged(&token_stream(), expected, vec![refused(5)]);
+    }
+}
+
+#[test]
+fn callback_data_that_is_not_one_of_our_tokens_goes_nowhere() {
+    for data in ["buy_42", "t1_not a token!"] {
+        given()
+            .stream::<Delivery>(&delivery(5), &[])
+            .when(&click(5, USER, data), 10)
+            .routed(1, Route::Nothing)
+            .streams(&[&delivery(5)]);
+    }
+}
+
+#[test]
+fn a_token_is_issued_on_its_new_stream_for_a_configured_action_only() {
+    let rules = Rules::new(&config(""));
+    let CallbackTokenEvent::TokenIssued(token) = issued() else {
+        unreachable!()
+    };
+    let mut changes = Changes::default();
+    decision::issue(
+        &rules,
+        &token,
+        t(0),
+        &Snapshot::assuming_new(),
+        &mut changes,
+    )
+    .expect("issued");
+    assert_eq!(
+        changes.staged::<CallbackTokenEvent>(&token_stream()),
+        Some((ExpectedVersion::NoStream, vec![issued()]))
+    );
+
+    let unknown = TokenIssued {
+        action: "lottery".to_owned(),
+        ..token.clone()
+    };
+    let mut changes = Changes::default();
+    let refused = decision::issue(
+        &rules,
+        &unknown,
+        t(0),
+        &Snapshot::assuming_new(),
+        &mut changes,
+    );
+    assert!(matches!(
+        refused,
+        Err(Undecided::Rejected(IntakeRejection::UnknownAction(ref name))) if name == "lottery"
+    ));
+    assert!(changes.is_empty());
+
+    // The same token again (read after a conflict) is the domain's refusal.
+    let again = Snapshot::new().given::<CallbackToken>(token_stream(), &[issued()]);
+    let refused = decision::issue(&rules, &token, t(0), &again, &mut Changes::default());
+    assert!(matches!(
+        refused,
+        Err(Undecided::Rejected(IntakeRejection::Token(_)))
+    ));
+}
+
+#[test]
+fn a_body_that_is_not_an_update_is_noted_by_digest_and_size() {
+    let quarantine = parse_update(b"not json").expect_err("not an update");
+    let mut changes = Changes::default();
+    let reason = decision::quarantine("shop", &quarantine, t(0), &mut changes).expect("noted");
+    assert_eq!(reason, "not_json");
+    let (expected, events) = changes
+        .staged::<QuarantineEvent>(&stream("quarantine-shop"))
+        .expect("staged");
+    assert_eq!(expected, ExpectedVersion::Any);
+    let [QuarantineEvent::BodyQuarantined(noted)] = events.as_slice() else {
+        panic!("one body quarantined, got {events:?}");
+    };
+    assert_eq!((noted.size, noted.received_at), (8, t(0)));
+    assert_eq!(noted.digest, quarantine.digest);
+}
+
+#[test]
+fn arguments_bind_in_order_and_the_last_takes_the_rest() {
+    let params = vec!["campaign".to_owned(), "note".to_owned()];
+    let args: Vec<String> = ["spring", "hello", "there"].map(String::from).to_vec();
+    let bound = bind_params(&params, &args).unwrap();
+    assert_eq!(bound["campaign"], "spring");
+    assert_eq!(bound["note"], "hello there");
+    assert!(bind_params(&params, &args[..1]).is_none());
+    assert!(bind_params(&[], &args).unwrap().is_empty());
+}
