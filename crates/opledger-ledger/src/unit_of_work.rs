@@ -58,7 +58,10 @@ where
 }
 
 /// Rebuilds a state from a stream's recorded events.
-pub fn replay<S: StreamState>(stream: &StreamId, recorded: &[RecordedEvent]) -> Result<S, Unreadable> {
+pub fn replay<S: StreamState>(
+    stream: &StreamId,
+    recorded: &[RecordedEvent],
+) -> Result<S, Unreadable> {
     recorded.iter().try_fold(S::default(), |state, event| {
         let event = S::Event::from_stored(&event.event_type, event.schema_version, &event.payload)
             .map_err(|source| Unreadable {
@@ -177,7 +180,10 @@ impl fmt::Debug for Snapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Snapshot")
             .field("assume_new", &self.assume_new)
-            .field("streams", &self.states.keys().map(|(s, _)| s).collect::<Vec<_>>())
+            .field(
+                "streams",
+                &self.states.keys().map(|(s, _)| s).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -207,7 +213,12 @@ impl Changes {
     /// Stages `events` on `stream` at any version: a note that depends on nothing but what
     /// no later event can change (a duplicate delivery, a refused click on a used token), so
     /// that notes never race each other.
-    pub fn note<E: DomainEvent>(&mut self, stream: &StreamId, events: &[E], metadata: &EventMetadata) {
+    pub fn note<E: DomainEvent>(
+        &mut self,
+        stream: &StreamId,
+        events: &[E],
+        metadata: &EventMetadata,
+    ) {
         self.append(stream, ExpectedVersion::Any, events, metadata);
     }
 
@@ -242,10 +253,7 @@ impl Changes {
 
     /// The staged events of `stream` decoded as `E`, with the expected version they were staged
     /// at (a test's *then*).
-    pub fn staged<E: DomainEvent>(
-        &self,
-        stream: &StreamId,
-    ) -> Option<(ExpectedVersion, Vec<E>)> {
+    pub fn staged<E: DomainEvent>(&self, stream: &StreamId) -> Option<(ExpectedVersion, Vec<E>)> {
         let request = self.requests.iter().find(|r| &r.stream == stream)?;
         let events = request
             .events
@@ -744,7 +752,13 @@ mod tests {
         let a = stream("a");
         let given = Snapshot::new().given::<Counter>(a.clone(), &[Added(4), Added(1)]);
         let counter: Counter = given.state(&a).unwrap();
-        assert_eq!(counter, Counter { total: 5, version: 2 });
+        assert_eq!(
+            counter,
+            Counter {
+                total: 5,
+                version: 2
+            }
+        );
         assert!(given.state::<Counter>(&stream("b")).is_err());
         assert_eq!(
             Snapshot::assuming_new().state::<Counter>(&a).unwrap(),
