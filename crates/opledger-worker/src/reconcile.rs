@@ -339,4 +339,37 @@ mod tests {
              resolve as succeeded; nothing was changed"
         );
     }
+
+    #[test]
+    fn the_unit_of_work_s_outcome_keeps_its_typed_error() {
+        let contended = refused(UnitError::Contended { attempts: 8 }, "op-1");
+        assert!(matches!(
+            contended,
+            ReconcileError::Contended { ref operation_id, attempts: 8 } if operation_id == "op-1"
+        ));
+        assert!(matches!(
+            refused(UnitError::Rejected(Refusal::Stale), "op-1"),
+            ReconcileError::UnknownOperation { .. }
+        ));
+        assert!(matches!(
+            refused(
+                UnitError::Rejected(Refusal::NotWaiting(Status::Confirmed)),
+                "op-1"
+            ),
+            ReconcileError::NotWaiting {
+                status: Status::Confirmed,
+                ..
+            }
+        ));
+        assert!(matches!(
+            refused(
+                UnitError::Rejected(Refusal::Domain(Rejection::NeedsReconciliation)),
+                "op-1"
+            ),
+            ReconcileError::Refused {
+                rejection: Rejection::NeedsReconciliation,
+                ..
+            }
+        ));
+    }
 }
