@@ -378,36 +378,33 @@ mod tests {
         }
     }
 
-    fn decision<'a>(
-        done: &'a StreamId,
-        outcome: &'a OperationCommand,
-        next: &'a StreamId,
-        claim: &'a [OperationCommand],
-    ) -> OutcomeWithClaim<'a> {
-        OutcomeWithClaim {
-            done,
-            outcome,
+    /// The decision of `a`'s confirmation with `b`'s claim, `b` holding `next`.
+    fn decide_with(next: &[OperationEvent]) -> (Option<Rejection>, Option<View>, Changes) {
+        let (a, b) = (stream("a"), stream("b"));
+        let snapshot = Snapshot::new()
+            .given::<View>(a.clone(), &called("a", "w1"))
+            .given::<View>(b.clone(), next);
+        let (outcome, claims) = (confirm(), [claim()]);
+        let decision = OutcomeWithClaim {
+            done: &a,
+            outcome: &outcome,
             done_metadata: metadata("w1", &received("a")),
-            next,
-            claim,
+            next: &b,
+            claim: &claims,
             next_metadata: metadata("w1", &received("b")),
             now: now(),
-        }
+        };
+        let mut changes = Changes::default();
+        let (refused, claimed) = decision.decide(&snapshot, &mut changes).unwrap();
+        (refused, claimed, changes)
     }
 
     #[test]
     fn an_outcome_and_the_next_claim_are_one_decision_over_both_streams() {
-        let (a, b) = (stream("a"), stream("b"));
-        let snapshot = Snapshot::new()
-            .given::<View>(a.clone(), &called("a", "w1"))
-            .given::<View>(b.clone(), &[received("b").into()]);
-        let (outcome, claims) = (confirm(), [claim()]);
-        let mut changes = Changes::default();
-        let (refused, claimed) = decision(&a, &outcome, &b, &claims)
-            .decide(&snapshot, &mut changes)
-            .unwrap();
+        let (refused, claimed, changes) = decide_with(&[received("b").into()]);
         assert!(refused.is_none());
         assert_eq!(claimed.map(|view| view.state.status), Some(Status::Claimed));
+        let (a, b) = (stream("a"), stream("b"));
         assert_eq!(changes.streams(), vec![&a, &b], "the outcome first");
         let (expected, _) = changes.staged::<OperationEvent>(&b).unwrap();
         assert_eq!(expected, ExpectedVersion::Exact(1));
@@ -415,18 +412,10 @@ mod tests {
 
     #[test]
     fn a_claim_that_lost_stages_nothing_and_the_outcome_is_still_staged() {
-        let (a, b) = (stream("a"), stream("b"));
-        let snapshot = Snapshot::new()
-            .given::<View>(a.clone(), &called("a", "w1"))
-            .given::<View>(b.clone(), &[received("b").into(), claimed("w2", 1)]);
-        let (outcome, claims) = (confirm(), [claim()]);
-        let mut changes = Changes::default();
-        let (refused, claimed) = decision(&a, &outcome, &b, &claims)
-            .decide(&snapshot, &mut changes)
-            .unwrap();
+        let (refused, claimed, changes) = decide_with(&[received("b").into(), claimed("w2", 1)]);
         assert!(refused.is_none());
         assert!(claimed.is_none());
-        assert_eq!(changes.streams(), vec![&a]);
+        assert_eq!(changes.streams(), vec![&stream("a")]);
     }
 
     async fn calls() -> (tempfile::TempDir, Calls) {
