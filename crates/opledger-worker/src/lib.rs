@@ -2,19 +2,29 @@
 //! before any request leaves, classifies what came back, and never repeats a call whose outcome
 //! is unknown unless the service honours the idempotency key.
 //!
-//! - [`worker`]: [`Worker`], the loop over due operations and the steps of their lifecycle
-//!   (claim, call, outcome, the unknown-outcome path, the lease-expiry sweep).
+//! - [`worker`]: [`Worker`], the loop over due operations: the queue its tasks drain, the
+//!   operations in hand and at rest, and which step each operation's stream calls for.
+//! - `call`: the call step (claim, `ExternalCallSent`, the effector's call, its outcome kept
+//!   until the task's next claim) and the unknown-outcome path the lease sweep takes too.
+//! - `reply`: replies to users through the Bot API, an ambiguous effect of their own.
+//! - `handle`: the worker's handle on one operation (a `StreamState` the unit of work loads and
+//!   holds) and the pure decisions staged on it; every commit of the crate goes through
+//!   `Ledger::unit_of_work` and its one retry policy.
 //! - [`effector`]: the [`Effector`] trait and what it answers; [`http`]: the built-in
 //!   [`HttpEffector`].
-//! - `reply`: replies to users through the Bot API, an ambiguous effect of their own.
 //! - [`backoff`]: when a transient failure is tried again.
 //! - [`reconcile`]: an operator's resolution of an operation waiting for reconciliation.
+//!
+//! Modules use only those below them: `worker` → `call`, `reply` → `handle`; `reconcile` →
+//! `handle`.
 //!
 //! Architecture invariant: `ExternalCallSent` is committed before a request leaves, and a call
 //! whose outcome is unknown is repeated only when the effector honours the idempotency key.
 
 pub mod backoff;
+mod call;
 pub mod effector;
+mod handle;
 pub mod http;
 pub mod reconcile;
 mod reply;

@@ -2,22 +2,19 @@
 //! person's decision about one of them ([`resolve`]), appended as a `Reconciled` event.
 //!
 //! The read model only finds the operation's stream; the decision is made on the stream itself,
-//! by the domain's `decide`, and appended at the version it was decided on, so a decision can
-//! never land on an operation that moved meanwhile. Shared by `opledger reconcile` and, later,
-//! the admin API.
+//! by the domain's `decide`, through the unit of work, which commits it at the version it was
+//! decided on, so a decision can never land on an operation that moved meanwhile. Shared by
+//! `opledger reconcile` and, later, the admin API.
 
 use chrono::{DateTime, Utc};
-use opledger_domain::operation::{
-    self, OperationCommand, ReconcileOutcome, Reconciled, Status, evolve,
-};
-use opledger_domain::{Causation, EventMetadata, Operation, Rejection};
-use opledger_ledger::{LedgerError, expected, load, request};
+use opledger_domain::operation::{OperationCommand, ReconcileOutcome, Reconciled, Status};
+use opledger_domain::{Causation, EventMetadata, Rejection};
+use opledger_ledger::{Ledger, LedgerError, Undecided, UnitError};
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow, ReadError};
-use opledger_store::{AnyStore, EventStore, StoreError, StreamId};
+use opledger_store::{AnyStore, StoreError, StreamId};
 use serde::Serialize;
 
-/// How many times a decision is made again after another writer changed the operation first.
-pub const MAX_ATTEMPTS: usize = 5;
+use crate::handle::{View, stage};
 
 /// Why an operation could not be listed or resolved. Nothing was changed, unless a storage
 /// error says the outcome is unknown; resolving again is then safe: it finds the operation
@@ -131,7 +128,7 @@ pub struct Resolved {
 /// `succeeded` and `failed` end the operation (its reply follows); `retry` makes it due now, to be
 /// claimed again with the same operation id as idempotency key. An operation in any other status
 /// is left alone ([`ReconcileError::NotWaiting`]). If another writer changes the stream first,
-/// the operation is read and decided again, up to [`MAX_ATTEMPTS`] times.
+/// the operation is read and decided again, as the ledger's retry policy allows.
 pub async fn resolve(
     store: &AnyStore,
     operation_id: &str,
@@ -149,47 +146,75 @@ pub async fn resolve(
     let metadata = EventMetadata::caused_by(Causation::Operator {
         operator: decision.operator.clone(),
     });
-    let command = OperationCommand::Reconcile(decision.clone());
-    for _ in 0..MAX_ATTEMPTS {
-        let state = load::<Operation>(store, &stream).await?;
-        if state.operation_id.map(|id| id.to_string()).as_deref() != Some(operation_id.as_str()) {
-            // The read model names a stream that does not hold this operation: it is stale.
-            return Err(ReconcileError::UnknownOperation { operation_id });
-        }
-        if state.status != Status::NeedsReconciliation {
-            return Err(ReconcileError::NotWaiting {
-                operation_id,
-                status: state.status,
-            });
-        }
-        let events = operation::decide(&state, &command, now).map_err(|rejection| {
-            ReconcileError::Refused {
-                operation_id: operation_id.clone(),
-                rejection,
+    let command = [OperationCommand::Reconcile(decision.clone())];
+    let ledger = Ledger::new(store.clone());
+    let committed = ledger
+        .unit_of_work()
+        .run(|snapshot, changes| {
+            let view: View = snapshot.state(&stream)?;
+            let state = &view.state;
+            if state.operation_id.map(|id| id.to_string()).as_deref() != Some(operation_id.as_str())
+            {
+                // The read model names a stream that does not hold this operation: it is stale.
+                return Err(Undecided::Rejected(Refusal::Stale));
             }
-        })?;
-        let append = request(stream.clone(), expected(state.version), &events, &metadata)?;
-        match store.append(vec![append]).await {
-            Ok(appended) => {
-                let status = events.iter().fold(state, evolve).status;
-                return Ok(Resolved {
-                    operation_id,
-                    stream_id: stream.to_string(),
-                    decision,
-                    status,
-                    version: appended.streams.first().map_or(0, |(_, version)| *version),
-                    position: *appended.positions.end(),
-                    recorded_at: appended.recorded_at,
-                });
+            if state.status != Status::NeedsReconciliation {
+                return Err(Undecided::Rejected(Refusal::NotWaiting(state.status)));
             }
-            Err(StoreError::VersionConflict { .. }) => continue,
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Err(ReconcileError::Contended {
+            let after = stage(changes, &stream, &view, &command, now, &metadata)
+                .map_err(|rejection| Undecided::Rejected(Refusal::Domain(rejection)))?;
+            Ok(after.state.status)
+        })
+        .await
+        .map_err(|error| refused(error, &operation_id))?;
+    let appended = committed
+        .appended
+        .expect("a reconcile decision always stages its Reconciled event");
+    Ok(Resolved {
         operation_id,
-        attempts: MAX_ATTEMPTS,
+        stream_id: stream.to_string(),
+        decision,
+        status: committed.value,
+        version: appended.streams.first().map_or(0, |(_, version)| *version),
+        position: *appended.positions.end(),
+        recorded_at: appended.recorded_at,
     })
+}
+
+/// Why the decision was refused on the operation's latest state.
+enum Refusal {
+    /// The stream does not hold the operation the read model said.
+    Stale,
+    /// The operation is not waiting for a person.
+    NotWaiting(Status),
+    /// The domain refused the decision.
+    Domain(Rejection),
+}
+
+/// The unit of work's outcome as [`ReconcileError`].
+fn refused(error: UnitError<Refusal>, operation_id: &str) -> ReconcileError {
+    let operation_id = operation_id.to_owned();
+    match error {
+        UnitError::Rejected(Refusal::Stale) => ReconcileError::UnknownOperation { operation_id },
+        UnitError::Rejected(Refusal::NotWaiting(status)) => ReconcileError::NotWaiting {
+            operation_id,
+            status,
+        },
+        UnitError::Rejected(Refusal::Domain(rejection)) => ReconcileError::Refused {
+            operation_id,
+            rejection,
+        },
+        UnitError::Contended { attempts } => ReconcileError::Contended {
+            operation_id,
+            attempts,
+        },
+        UnitError::Store(error) => error.into(),
+        UnitError::Unreadable(unreadable) => ReconcileError::Ledger(LedgerError::Decode {
+            stream: unreadable.stream,
+            source: unreadable.source,
+        }),
+        UnitError::Encode(error) => ReconcileError::Ledger(LedgerError::Encode(error)),
+    }
 }
 
 /// The decision's own checks, before anything is read.
@@ -313,5 +338,38 @@ mod tests {
             "an external id goes only with the outcome succeeded, not retry: leave it out, or \
              resolve as succeeded; nothing was changed"
         );
+    }
+
+    #[test]
+    fn the_unit_of_work_s_outcome_keeps_its_typed_error() {
+        let contended = refused(UnitError::Contended { attempts: 8 }, "op-1");
+        assert!(matches!(
+            contended,
+            ReconcileError::Contended { ref operation_id, attempts: 8 } if operation_id == "op-1"
+        ));
+        assert!(matches!(
+            refused(UnitError::Rejected(Refusal::Stale), "op-1"),
+            ReconcileError::UnknownOperation { .. }
+        ));
+        assert!(matches!(
+            refused(
+                UnitError::Rejected(Refusal::NotWaiting(Status::Confirmed)),
+                "op-1"
+            ),
+            ReconcileError::NotWaiting {
+                status: Status::Confirmed,
+                ..
+            }
+        ));
+        assert!(matches!(
+            refused(
+                UnitError::Rejected(Refusal::Domain(Rejection::NeedsReconciliation)),
+                "op-1"
+            ),
+            ReconcileError::Refused {
+                rejection: Rejection::NeedsReconciliation,
+                ..
+            }
+        ));
     }
 }

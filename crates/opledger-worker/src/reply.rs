@@ -9,14 +9,14 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use opledger_config::ReplyTemplate;
+use opledger_config::{ActionConfig, ReplyTemplate};
 use opledger_domain::ReplyStatus;
 use opledger_domain::operation::{OperationCommand, OperationEvent, ReconcileOutcome};
 use opledger_telegram::{BotApi, BotApiError};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::worker::{Action, Appended, StepError, View, Worker};
+use crate::handle::{Applied, Handle, Operations, StepError};
 
 /// How many times a reply that certainly did not arrive is tried before giving up.
 const MAX_REPLY_ATTEMPTS: u32 = 5;
@@ -39,50 +39,55 @@ impl Replier {
         }
     }
 
-    /// Takes the reply step of a terminal operation whose reply is due.
+    /// Takes the reply step of a terminal operation whose reply is due, for `action`.
     pub(crate) async fn reply(
         &self,
-        worker: &Worker,
-        action: &Action,
-        view: &mut View,
+        ops: &Operations,
+        action: &ActionConfig,
+        handle: &mut Handle,
     ) -> Result<(), StepError> {
-        let Some(chat_id) = view.received.chat_id else {
+        let Some(chat_id) = handle.received().chat_id else {
             return Ok(());
         };
-        match view.state.reply {
+        let reply = handle.state().reply;
+        match reply {
             ReplyStatus::InFlight { .. } => {
                 // Due while in flight: its sender died. Telegram may have it; never resend.
+                // Only this attempt is given up: one started since is another worker's.
                 let unknown = OperationCommand::RecordReplyUnknown {
                     reason: "the worker sending the reply stopped before recording its outcome"
                         .to_owned(),
                 };
-                worker.append(view, unknown).await?;
+                ops.commit(handle, &[unknown], |state| state.reply == reply)
+                    .await?;
                 return Ok(());
             }
             ReplyStatus::NotStarted | ReplyStatus::RetryScheduled { .. } => {}
             ReplyStatus::Sent | ReplyStatus::Failed | ReplyStatus::Unknown => return Ok(()),
         }
-        let Some(api) = self.bots.get(&view.received.bot) else {
+        let Some(api) = self.bots.get(&handle.received().bot) else {
             let failed = OperationCommand::RecordReplyFailed {
-                reason: format!("bot `{}` is not configured any more", view.received.bot),
+                reason: format!("bot `{}` is not configured any more", handle.received().bot),
                 retry_at: None,
             };
-            worker
-                .append_all(view, [OperationCommand::StartReply, failed])
+            ops.commit(handle, &[OperationCommand::StartReply, failed], |_| true)
                 .await?;
             return Ok(());
         };
-        let text = text(action, view);
+        let text = text(action, handle);
         self.pace(chat_id).await;
-        if !matches!(
-            worker.append(view, OperationCommand::StartReply).await?,
-            Appended::Done
-        ) {
+        // After a lost race the domain judges the start on the fresh state: it refuses a reply
+        // another worker started or sent meanwhile.
+        let started = ops
+            .commit(handle, &[OperationCommand::StartReply], |_| true)
+            .await?;
+        if started == Applied::Declined {
             return Ok(());
         }
         opledger_ledger::failpoint::crash("worker-after-reply-started");
         let sent = api.send_message(chat_id, &text).await;
-        let now = worker.now();
+        let now = ops.now();
+        let state = handle.state();
         let command = match sent {
             Ok(message) => OperationCommand::RecordReplySent {
                 message_id: Some(message.message_id),
@@ -96,8 +101,8 @@ impl Replier {
             }
             Err(error) if error.is_definitely_not_delivered() => {
                 let transient = matches!(error, BotApiError::Unreachable { .. });
-                let retry = transient && view.state.reply_attempts < MAX_REPLY_ATTEMPTS;
-                let backoff = TimeDelta::seconds(1 << view.state.reply_attempts.min(8));
+                let retry = transient && state.reply_attempts < MAX_REPLY_ATTEMPTS;
+                let backoff = TimeDelta::seconds(1 << state.reply_attempts.min(8));
                 OperationCommand::RecordReplyFailed {
                     reason: error.to_string(),
                     retry_at: retry.then(|| now + backoff),
@@ -107,8 +112,11 @@ impl Replier {
                 reason: error.to_string(),
             },
         };
-        // If the sweep recorded the reply as unknown meanwhile, its record stands.
-        worker.append(view, command).await?;
+        // If the sweep recorded the reply as unknown meanwhile, its record stands: after a lost
+        // race the outcome is decided again only while this attempt is the one in flight.
+        let ours = state.reply;
+        ops.commit(handle, &[command], |state| state.reply == ours)
+            .await?;
         Ok(())
     }
 
@@ -134,11 +142,11 @@ impl Replier {
 /// The reply's text: the action's template for how the operation ended, filled in; if a value
 /// it needs is missing (a result field the service did not return), the default text for that
 /// outcome rather than no reply at all.
-pub(crate) fn text(action: &Action, view: &View) -> String {
-    let received = &view.received;
-    let reply = &action.config.reply;
+pub(crate) fn text(action: &ActionConfig, handle: &Handle) -> String {
+    let received = handle.received();
+    let reply = &action.reply;
     let operation_id = received.operation_id.to_string();
-    let (template, external_id, result, error) = match &view.ending {
+    let (template, external_id, result, error) = match handle.ending() {
         Some(OperationEvent::Confirmed(c)) => (
             &reply.confirmed,
             c.external_id.clone(),

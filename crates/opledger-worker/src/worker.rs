@@ -1,35 +1,35 @@
-//! The worker loop: due operations in, one decided append per step out.
+//! The worker loop: due operations in, one decided commit per step out.
 //!
-//! For each due operation the worker reads its stream (the read model only says where to look)
-//! and takes the step its state calls for:
-//! - received, a due retry, or a claim whose lease expired with nothing sent: claim it
-//!   (`Claimed` at the version read: of two racing workers one wins), record `ExternalCallSent`,
-//!   then call the effector and record what came back;
+//! The loop reads due operations from `operation_status` into a short queue that its tasks drain
+//! (never two tasks on one operation; a row whose step found nothing to do rests a while). For
+//! each, a task reads the operation's stream (the read model only says where to look) and takes
+//! the step its state calls for:
+//! - received, a due retry, or a claim whose lease expired with nothing sent: the call step
+//!   ([`crate::call`]: claim, `ExternalCallSent`, the call, its outcome, which the task keeps
+//!   until its next claim);
 //! - a claim whose lease expired after `ExternalCallSent` (its worker died or hung): the
 //!   unknown-outcome path, never a second blind call;
-//! - terminal, with a reply due: send the reply, itself an ambiguous effect.
+//! - terminal, with a reply due: the reply ([`crate::reply`]), itself an ambiguous effect.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use opledger_config::{ActionConfig, Config, ReplyPlaceholder};
-use opledger_domain::operation::{
-    Confirmed, ConfirmedVia, OperationCommand, OperationEvent, Received, TransitionRejected,
-    decide, evolve,
-};
-use opledger_domain::{Causation, DomainEvent, EventMetadata, Operation, Status, delivery_stream};
-use opledger_ledger::{Clock, LedgerError, expected, request};
+use opledger_domain::Status;
+use opledger_ledger::Clock;
 use opledger_projections::operation_status::{self, OperationStatusRow};
-use opledger_store::{AnyStore, EventStore, StoreError, StreamId};
+use opledger_store::{AnyStore, EventStore, StreamId};
 use opledger_telegram::BotApi;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::backoff::Backoff;
-use crate::effector::{CallOutcome, EffectRequest, Effector, LookupOutcome, NoEffect, Success};
+use crate::call::{Action, Calls, Pending, claimable};
+use crate::effector::{Effector, NoEffect};
+use crate::handle::{Operations, StepError};
 use crate::http::HttpEffector;
 use crate::reply::Replier;
 
@@ -87,33 +87,6 @@ pub enum WorkerError {
     Read(#[from] operation_status::ReadError),
 }
 
-/// Why one step on one operation did not complete; the operation stays due and is looked at
-/// again.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum StepError {
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-    #[error(
-        "operation stream `{0}` does not start with Received; the ledger is not one this worker can act on"
-    )]
-    NotAnOperation(String),
-    #[error("invalid stream id: {0}")]
-    StreamId(#[from] opledger_store::InvalidRequest),
-}
-
-impl From<StoreError> for StepError {
-    fn from(error: StoreError) -> Self {
-        StepError::Ledger(LedgerError::Store(error))
-    }
-}
-
-/// One configured action as the worker runs it.
-#[derive(Debug, Clone)]
-pub(crate) struct Action {
-    pub(crate) config: Arc<ActionConfig>,
-    pub(crate) effector: Arc<dyn Effector>,
-}
-
 /// Takes due operations through their lifecycle; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct Worker {
@@ -122,8 +95,8 @@ pub struct Worker {
 
 #[derive(Debug)]
 struct Inner {
-    store: AnyStore,
-    clock: Arc<dyn Clock>,
+    ops: Operations,
+    calls: Calls,
     actions: HashMap<String, Action>,
     action_names: Vec<String>,
     replier: Replier,
@@ -134,25 +107,6 @@ struct Inner {
     /// alone until the instant given, so that a stale or unworkable row cannot make the loop
     /// spin.
     resting: Mutex<HashMap<String, tokio::time::Instant>>,
-}
-
-/// The outcome of one append attempt.
-pub(crate) enum Appended {
-    /// Committed; the state moved on.
-    Done,
-    /// Another writer moved the stream first; the step was not taken.
-    Lost,
-    /// The domain refused the command in the current state.
-    Refused(opledger_domain::Rejection),
-}
-
-/// An operation as the worker sees it: its state, the request that started it, how it ended.
-pub(crate) struct View {
-    pub(crate) stream: StreamId,
-    pub(crate) state: Operation,
-    pub(crate) received: Received,
-    /// The last terminal event, for the reply.
-    pub(crate) ending: Option<OperationEvent>,
 }
 
 impl Worker {
@@ -203,10 +157,12 @@ impl Worker {
         let mut action_names: Vec<String> = actions.keys().cloned().collect();
         action_names.sort();
         let replier = Replier::new(bots, options.reply_interval);
+        let ops = Operations::new(store, options.id.clone(), clock);
+        let calls = Calls::new(ops.clone(), options.backoff, options.lease_margin);
         Ok(Worker {
             inner: Arc::new(Inner {
-                store,
-                clock,
+                ops,
+                calls,
                 actions,
                 action_names,
                 replier,
@@ -252,7 +208,7 @@ impl Worker {
         let permits = Arc::new(Semaphore::new(inner.options.concurrency));
         let finished = Arc::new(Notify::new());
         let queue = Arc::new(Queue::default());
-        let mut head = inner.store.subscribe();
+        let mut head = inner.ops.store().subscribe();
         let mut tasks = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         // Rows waiting for a task: enough that a task finishing a call finds the next operation
@@ -260,11 +216,11 @@ impl Worker {
         let capacity = inner.options.concurrency.saturating_mul(2);
         let page = u32::try_from(inner.options.concurrency.saturating_mul(4)).unwrap_or(u32::MAX);
         loop {
-            let now = inner.clock.now();
+            let now = inner.ops.now();
             let mut queued = 0usize;
             if queue.len() < capacity {
                 match operation_status::due(
-                    inner.store.reader(),
+                    inner.ops.store().reader(),
                     now,
                     &inner.action_names,
                     inner.options.replies,
@@ -338,7 +294,7 @@ impl Worker {
             drop(release);
         }
         if let Some(pending) = carry {
-            self.flush(pending).await;
+            self.inner.calls.flush(pending).await;
         }
     }
 
@@ -347,8 +303,8 @@ impl Worker {
     pub async fn run_due(&self) -> Result<usize, WorkerError> {
         let inner = &self.inner;
         let mut rows = operation_status::due(
-            inner.store.reader(),
-            inner.clock.now(),
+            inner.ops.store().reader(),
+            inner.ops.now(),
             &inner.action_names,
             inner.options.replies,
             u32::MAX,
@@ -375,7 +331,7 @@ impl Worker {
     async fn idle_wait(&self, now: DateTime<Utc>) -> Duration {
         let inner = &self.inner;
         let next = operation_status::next_due(
-            inner.store.reader(),
+            inner.ops.store().reader(),
             &inner.action_names,
             inner.options.replies,
         )
@@ -393,22 +349,7 @@ impl Worker {
     /// due.
     async fn step(&self, row: &OperationStatusRow) {
         if let Some(pending) = self.step_carrying(row, None).await {
-            self.flush(pending).await;
-        }
-    }
-
-    /// Commits a call's outcome on its own; failures are logged (the lease then runs out and
-    /// the unknown-outcome path applies).
-    async fn flush(&self, mut pending: Pending) {
-        if let Err(error) = self
-            .record_outcome(&mut pending.view, pending.command)
-            .await
-        {
-            tracing::warn!(
-                operation_id = %pending.view.received.operation_id,
-                %error,
-                "a call's outcome could not be recorded; the operation will be swept"
-            );
+            self.inner.calls.flush(pending).await;
         }
     }
 
@@ -423,7 +364,7 @@ impl Worker {
         let mut carry = carry;
         let result = self.try_step(row, &mut carry).await;
         if let Some(pending) = carry.take() {
-            self.flush(pending).await;
+            self.inner.calls.flush(pending).await;
         }
         match result {
             Ok(Stepped::Called(pending)) => return Some(*pending),
@@ -451,341 +392,43 @@ impl Worker {
         row: &OperationStatusRow,
         carry: &mut Option<Pending>,
     ) -> Result<Stepped, StepError> {
-        let Some(action) = self.inner.actions.get(&row.action).cloned() else {
+        let inner = &self.inner;
+        let Some(action) = inner.actions.get(&row.action).cloned() else {
             return Ok(Stepped::Nothing);
         };
-        let mut view = self.load(StreamId::new(row.stream_id.clone())?).await?;
-        let now = self.inner.clock.now();
-        let lease_expired = view.state.claim.as_ref().is_some_and(|c| !c.is_live(now));
-        let claimable = match view.state.status {
-            Status::Received => true,
-            Status::RetryScheduled => view.state.retry_at.is_none_or(|at| at <= now),
-            Status::Claimed => lease_expired,
-            _ => false,
-        };
-        if claimable {
-            return self.attempt(&action, view, carry.take()).await;
+        let mut handle = inner
+            .ops
+            .load(StreamId::new(row.stream_id.clone())?)
+            .await?;
+        let now = inner.ops.now();
+        let state = handle.state();
+        if claimable(state, now) {
+            return Ok(
+                match inner.calls.attempt(&action, handle, carry.take()).await? {
+                    Some(pending) => Stepped::Called(Box::new(pending)),
+                    None => Stepped::Nothing,
+                },
+            );
         }
         if let Some(pending) = carry.take() {
-            self.flush(pending).await;
+            inner.calls.flush(pending).await;
         }
-        match view.state.status {
-            Status::CallSent if lease_expired => {
-                let reason = "the worker holding the claim stopped before recording the call's \
-                              outcome (its lease expired)"
-                    .to_owned();
-                let command = self.unknown_command(&action, &view, reason).await;
-                self.record_outcome(&mut view, command).await?;
-            }
+        let lease_expired = state.claim.as_ref().is_some_and(|c| !c.is_live(now));
+        match state.status {
+            Status::CallSent if lease_expired => inner.calls.sweep(&action, &mut handle).await?,
             status
                 if status.is_terminal()
-                    && self.inner.options.replies
+                    && inner.options.replies
                     && row.due_at.is_some_and(|at| at <= now) =>
             {
-                self.inner.replier.reply(self, &action, &mut view).await?;
+                inner
+                    .replier
+                    .reply(&inner.ops, &action.config, &mut handle)
+                    .await?;
             }
             _ => return Ok(Stepped::Nothing),
         }
         Ok(Stepped::Done)
-    }
-
-    /// Claim (with `carry` in the same commit), record the call, call; returns the call's
-    /// outcome, decided and not yet committed.
-    async fn attempt(
-        &self,
-        action: &Action,
-        mut view: View,
-        carry: Option<Pending>,
-    ) -> Result<Stepped, StepError> {
-        let now = self.inner.clock.now();
-        let effector_time = action.effector.timeout().saturating_mul(2);
-        let lease = TimeDelta::from_std(effector_time + self.inner.options.lease_margin)
-            .unwrap_or(TimeDelta::MAX);
-        let claim = OperationCommand::Claim {
-            worker: self.inner.options.id.clone(),
-            lease_until: now + lease,
-        };
-        let sent = OperationCommand::RecordCallSent {
-            worker: self.inner.options.id.clone(),
-        };
-        // A crash between the claim and the request is resolved without a person when the
-        // effector honours the key or has a lookup, so then the claim and the call's record are
-        // one commit. Otherwise the claim is committed alone first: a worker that dies before
-        // the call is recorded leaves a claim another worker takes over when its lease runs
-        // out, rather than an unknown outcome for a person.
-        let together = action.effector.resolves_unknown_outcomes();
-        let first = if together {
-            vec![claim, sent.clone()]
-        } else {
-            vec![claim]
-        };
-        let claimed = match carry {
-            Some(pending) => self.append_with(pending, &mut view, first).await?,
-            None => self.append_all(&mut view, first).await?,
-        };
-        if !matches!(claimed, Appended::Done) {
-            return Ok(Stepped::Nothing);
-        }
-        if !together {
-            opledger_ledger::failpoint::crash("worker-after-claimed");
-            if !matches!(self.append(&mut view, sent).await?, Appended::Done) {
-                return Ok(Stepped::Nothing);
-            }
-        }
-        opledger_ledger::failpoint::crash("worker-after-call-sent");
-        let request = effect_request(&view);
-        let outcome = action.effector.call(&request).await;
-        opledger_ledger::failpoint::crash("worker-after-response");
-        let now = self.inner.clock.now();
-        let command = match outcome {
-            CallOutcome::Succeeded(success) => confirm(success, ConfirmedVia::Response),
-            CallOutcome::Rejected { reason } => OperationCommand::Fail { reason },
-            CallOutcome::NotDone {
-                reason,
-                retry_after,
-            } => OperationCommand::ScheduleRetry {
-                at: now + self.delay(&view, retry_after),
-                reason,
-                // Nothing left: a retry cannot repeat an effect.
-                same_key: true,
-            },
-            CallOutcome::Unknown { reason } => self.unknown_command(action, &view, reason).await,
-        };
-        Ok(Stepped::Called(Box::new(Pending { view, command })))
-    }
-
-    /// Commits a pending outcome and the claim commands of `view` in one append; if either
-    /// stream moved meanwhile, each is decided again and committed on its own.
-    async fn append_with(
-        &self,
-        pending: Pending,
-        view: &mut View,
-        commands: Vec<OperationCommand>,
-    ) -> Result<Appended, StepError> {
-        let Pending {
-            view: mut done,
-            command: outcome,
-        } = pending;
-        let now = self.inner.clock.now();
-        let outcome_events = match decide(&done.state, &outcome, now) {
-            Ok(events) if !events.is_empty() => events,
-            // Refused or nothing to append: the usual path records it (or its refusal).
-            _ => {
-                self.record_outcome(&mut done, outcome).await?;
-                return self.append_all(view, commands).await;
-            }
-        };
-        let (claim_events, state) = match decide_all(&view.state, commands.clone(), now) {
-            Ok(decided) => decided,
-            Err(rejection) => {
-                self.record_outcome(&mut done, outcome).await?;
-                return Ok(Appended::Refused(rejection));
-            }
-        };
-        let requests = vec![
-            request(
-                done.stream.clone(),
-                expected(done.state.version),
-                &outcome_events,
-                &self.metadata(&done),
-            )?,
-            request(
-                view.stream.clone(),
-                expected(view.state.version),
-                &claim_events,
-                &self.metadata(view),
-            )?,
-        ];
-        match self.inner.store.append(requests).await {
-            Ok(_) => {
-                view.state = state;
-                Ok(Appended::Done)
-            }
-            Err(StoreError::VersionConflict { .. }) => {
-                self.record_outcome(&mut done, outcome).await?;
-                *view = self.load(view.stream.clone()).await?;
-                self.append_all(view, commands).await
-            }
-            Err(error) => Err(error.into()),
-        }
-    }
-
-    /// After a call whose outcome is unknown: retry only with a key the service honours, else
-    /// look up, else leave it to a person. Never a blind repeat.
-    async fn unknown_command(
-        &self,
-        action: &Action,
-        view: &View,
-        reason: String,
-    ) -> OperationCommand {
-        let effector = &action.effector;
-        if effector.honours_idempotency_key() {
-            return OperationCommand::ScheduleRetry {
-                at: self.inner.clock.now() + self.delay(view, None),
-                reason: format!(
-                    "{reason}; retrying with the same idempotency key, which the service honours"
-                ),
-                same_key: true,
-            };
-        }
-        let request = effect_request(view);
-        match effector.lookup(&request).await {
-            LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
-            LookupOutcome::Absent => OperationCommand::ScheduleRetry {
-                at: self.inner.clock.now() + self.delay(view, None),
-                reason: format!("{reason}; the lookup found nothing under the operation id"),
-                same_key: true,
-            },
-            LookupOutcome::Failed { reason: lookup } => OperationCommand::MarkForReconciliation {
-                reason: format!("{reason}; the lookup failed too ({lookup})"),
-            },
-            LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
-                reason: format!(
-                    "{reason}; the service does not honour the idempotency key and has no \
-                     lookup, so a person must check"
-                ),
-            },
-        }
-    }
-
-    /// Records what became of a call. If another worker moved the operation meanwhile (its
-    /// sweep after our lease ran out), the outcome is decided again on the new state; if the
-    /// domain refuses it there, the refusal and the late outcome are recorded for a person.
-    async fn record_outcome(
-        &self,
-        view: &mut View,
-        command: OperationCommand,
-    ) -> Result<(), StepError> {
-        for _ in 0..4 {
-            match self.append(view, command.clone()).await? {
-                Appended::Done => return Ok(()),
-                Appended::Lost => *view = self.load(view.stream.clone()).await?,
-                Appended::Refused(rejection) => {
-                    tracing::warn!(
-                        operation_id = %view.received.operation_id,
-                        %rejection,
-                        "a late call outcome was refused; recording it for the audit trail"
-                    );
-                    let record = TransitionRejected {
-                        command: command.kind().as_str().to_owned(),
-                        status: view.state.status.as_str().to_owned(),
-                        reason: format!(
-                            "{rejection}; the late outcome was: {}",
-                            describe(&command)
-                        ),
-                    };
-                    let event: OperationEvent = record.into();
-                    self.append_events(view, vec![event]).await?;
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn delay(&self, view: &View, retry_after: Option<Duration>) -> TimeDelta {
-        let delay = self.inner.options.backoff.delay(
-            &view.received.operation_id.to_string(),
-            view.state.claims,
-            retry_after,
-        );
-        TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX)
-    }
-
-    /// Reads an operation's stream.
-    pub(crate) async fn load(&self, stream: StreamId) -> Result<View, StepError> {
-        let recorded = self.inner.store.read_stream(&stream, 1, usize::MAX).await?;
-        let mut state = Operation::default();
-        let mut received = None;
-        let mut ending = None;
-        for event in &recorded {
-            let event = OperationEvent::from_stored(
-                &event.event_type,
-                event.schema_version,
-                &event.payload,
-            )
-            .map_err(|source| LedgerError::Decode {
-                stream: stream.to_string(),
-                source,
-            })?;
-            match &event {
-                OperationEvent::Received(r) if received.is_none() => received = Some(r.clone()),
-                event if ends(event) => ending = Some(event.clone()),
-                _ => {}
-            }
-            state = evolve(state, &event);
-        }
-        let received = received.ok_or_else(|| StepError::NotAnOperation(stream.to_string()))?;
-        Ok(View {
-            stream,
-            state,
-            received,
-            ending,
-        })
-    }
-
-    /// Decides `command` on the view's state and appends the result at the version read.
-    pub(crate) async fn append(
-        &self,
-        view: &mut View,
-        command: OperationCommand,
-    ) -> Result<Appended, StepError> {
-        self.append_all(view, [command]).await
-    }
-
-    /// Decides `commands` one after the other on the view's state and appends all their
-    /// events in one commit at the version read; refused as a whole if any is refused.
-    pub(crate) async fn append_all(
-        &self,
-        view: &mut View,
-        commands: impl IntoIterator<Item = OperationCommand>,
-    ) -> Result<Appended, StepError> {
-        match decide_all(&view.state, commands, self.inner.clock.now()) {
-            Ok((events, _)) if events.is_empty() => Ok(Appended::Done),
-            Ok((events, _)) => self.append_events(view, events).await,
-            Err(rejection) => Ok(Appended::Refused(rejection)),
-        }
-    }
-
-    async fn append_events(
-        &self,
-        view: &mut View,
-        events: Vec<OperationEvent>,
-    ) -> Result<Appended, StepError> {
-        let append = request(
-            view.stream.clone(),
-            expected(view.state.version),
-            &events,
-            &self.metadata(view),
-        )?;
-        match self.inner.store.append(vec![append]).await {
-            Ok(_) => {
-                for event in &events {
-                    if ends(event) {
-                        view.ending = Some(event.clone());
-                    }
-                    view.state = evolve(std::mem::take(&mut view.state), event);
-                }
-                Ok(Appended::Done)
-            }
-            Err(StoreError::VersionConflict { .. }) => Ok(Appended::Lost),
-            Err(error) => Err(error.into()),
-        }
-    }
-
-    /// The metadata of the worker's events on an operation: caused by this worker, correlated
-    /// with the update that started the operation.
-    fn metadata(&self, view: &View) -> EventMetadata {
-        EventMetadata {
-            causation: Causation::Worker {
-                worker: self.inner.options.id.clone(),
-            },
-            correlation: delivery_stream(&view.received.bot, view.received.update_id).ok(),
-        }
-    }
-
-    pub(crate) fn now(&self) -> DateTime<Utc> {
-        self.inner.clock.now()
     }
 }
 
@@ -888,37 +531,6 @@ enum Stepped {
     Called(Box<Pending>),
 }
 
-/// A call's outcome, decided and not yet committed.
-struct Pending {
-    view: View,
-    command: OperationCommand,
-}
-
-/// Decides `commands` one after the other from `state`: their events and the state after them.
-fn decide_all(
-    state: &Operation,
-    commands: impl IntoIterator<Item = OperationCommand>,
-    now: DateTime<Utc>,
-) -> Result<(Vec<OperationEvent>, Operation), opledger_domain::Rejection> {
-    let mut state = state.clone();
-    let mut events = Vec::new();
-    for command in commands {
-        for event in decide(&state, &command, now)? {
-            state = evolve(state, &event);
-            events.push(event);
-        }
-    }
-    Ok((events, state))
-}
-
-/// Whether `event` ends an operation (what its reply answers).
-fn ends(event: &OperationEvent) -> bool {
-    matches!(
-        event,
-        OperationEvent::Confirmed(_) | OperationEvent::Failed(_) | OperationEvent::Reconciled(_)
-    )
-}
-
 /// Orders a page of due operations by a hash of this worker's id and the operation, so that
 /// workers sharing a ledger start on different operations instead of racing for the same one.
 fn spread(worker: &str, rows: &mut [OperationStatusRow]) {
@@ -945,43 +557,4 @@ fn result_fields(action: &ActionConfig) -> Vec<String> {
     fields.sort();
     fields.dedup();
     fields
-}
-
-fn effect_request(view: &View) -> EffectRequest {
-    let received = &view.received;
-    EffectRequest {
-        operation_id: received.operation_id.to_string(),
-        action: received.action.clone(),
-        business_key: received.business_key.clone(),
-        params: received.params.clone(),
-        chat_id: received.chat_id,
-        user_id: received.user_id,
-        attempt: view.state.claims,
-    }
-}
-
-fn confirm(success: Success, via: ConfirmedVia) -> OperationCommand {
-    OperationCommand::Confirm(Confirmed {
-        external_id: success.external_id,
-        result: success.result,
-        response_digest: success.response_digest,
-        via,
-    })
-}
-
-/// A command's outcome in words, for a recorded refusal.
-fn describe(command: &OperationCommand) -> String {
-    match command {
-        OperationCommand::Confirm(c) => format!(
-            "confirmed via {:?}, external id {}",
-            c.via,
-            c.external_id.as_deref().unwrap_or("none")
-        ),
-        OperationCommand::Fail { reason } => format!("failed: {reason}"),
-        OperationCommand::ScheduleRetry { reason, .. } => format!("retry: {reason}"),
-        OperationCommand::MarkForReconciliation { reason } => {
-            format!("needs reconciliation: {reason}")
-        }
-        other => other.kind().as_str().to_owned(),
-    }
 }

@@ -1,0 +1,530 @@
+//! The call step (ADR 0007): claim, record `ExternalCallSent`, call the effector, decide its
+//! outcome; and the unknown-outcome path (honoured key, else lookup, else a person), which the
+//! sweep of leases run out after `ExternalCallSent` takes too.
+//!
+//! A call's outcome is kept ([`Pending`]) until the task's next claim and committed with it:
+//! one decision over both streams, both states handed in, so the commit reads nothing unless a
+//! stream moved. The outcome is staged whatever becomes of the claim.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use opledger_config::ActionConfig;
+use opledger_domain::operation::{Confirmed, ConfirmedVia, OperationCommand, Status};
+use opledger_domain::{EventMetadata, Rejection};
+use opledger_ledger::{Changes, Snapshot, Undecided};
+use opledger_store::StreamId;
+
+use crate::backoff::Backoff;
+use crate::effector::{CallOutcome, EffectRequest, Effector, LookupOutcome, Success};
+use crate::handle::{Applied, Handle, Operations, StepError, View, stage, stage_outcome};
+
+/// One configured action as the worker runs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Action {
+    pub(crate) config: Arc<ActionConfig>,
+    pub(crate) effector: Arc<dyn Effector>,
+}
+
+/// A call's outcome, decided and not yet committed.
+pub(crate) struct Pending {
+    handle: Handle,
+    command: OperationCommand,
+}
+
+/// Takes operations through their calls; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct Calls {
+    ops: Operations,
+    backoff: Backoff,
+    lease_margin: Duration,
+}
+
+impl Calls {
+    /// Calls whose lease is the effector's time plus `lease_margin`, retried after `backoff`.
+    pub(crate) fn new(ops: Operations, backoff: Backoff, lease_margin: Duration) -> Self {
+        Calls {
+            ops,
+            backoff,
+            lease_margin,
+        }
+    }
+
+    /// Claims the operation (with `carry`, a previous call's outcome, in the same commit),
+    /// records the call and calls; returns the call's outcome, decided and not yet committed,
+    /// or `None` when the claim was lost.
+    pub(crate) async fn attempt(
+        &self,
+        action: &Action,
+        mut handle: Handle,
+        carry: Option<Pending>,
+    ) -> Result<Option<Pending>, StepError> {
+        let now = self.ops.now();
+        let worker = self.ops.worker().to_owned();
+        let effector_time = action.effector.timeout().saturating_mul(2);
+        let lease =
+            TimeDelta::from_std(effector_time + self.lease_margin).unwrap_or(TimeDelta::MAX);
+        let claim = OperationCommand::Claim {
+            worker: worker.clone(),
+            lease_until: now + lease,
+        };
+        let sent = OperationCommand::RecordCallSent { worker };
+        // A crash between the claim and the request is resolved without a person when the
+        // effector honours the key or has a lookup, so then the claim and the call's record are
+        // one commit. Otherwise the claim is committed alone first: a worker that dies before
+        // the call is recorded leaves a claim another worker takes over when its lease runs
+        // out, rather than an unknown outcome for a person.
+        let together = action.effector.resolves_unknown_outcomes();
+        let first = if together {
+            vec![claim, sent.clone()]
+        } else {
+            vec![claim]
+        };
+        if self.claim(&mut handle, &first, carry).await? == Applied::Declined {
+            return Ok(None);
+        }
+        if !together {
+            opledger_ledger::failpoint::crash("worker-after-claimed");
+            // Decided again after a lost race only while the claim is still the one taken.
+            let ours = handle.state().claim.clone();
+            let recorded = self
+                .ops
+                .commit(&mut handle, &[sent], |state| state.claim == ours)
+                .await?;
+            if recorded == Applied::Declined {
+                return Ok(None);
+            }
+        }
+        opledger_ledger::failpoint::crash("worker-after-call-sent");
+        let request = effect_request(&handle);
+        let outcome = action.effector.call(&request).await;
+        opledger_ledger::failpoint::crash("worker-after-response");
+        let now = self.ops.now();
+        let command = match outcome {
+            CallOutcome::Succeeded(success) => confirm(success, ConfirmedVia::Response),
+            CallOutcome::Rejected { reason } => OperationCommand::Fail { reason },
+            CallOutcome::NotDone {
+                reason,
+                retry_after,
+            } => OperationCommand::ScheduleRetry {
+                at: now + self.delay(&handle, retry_after),
+                reason,
+                // Nothing left: a retry cannot repeat an effect.
+                same_key: true,
+            },
+            CallOutcome::Unknown { reason } => self.unknown_command(action, &handle, reason).await,
+        };
+        Ok(Some(Pending { handle, command }))
+    }
+
+    /// Commits the claim `commands` on `handle`, with `carry`'s outcome in the same append.
+    async fn claim(
+        &self,
+        handle: &mut Handle,
+        commands: &[OperationCommand],
+        carry: Option<Pending>,
+    ) -> Result<Applied, StepError> {
+        let pending = match carry {
+            // The outcome of a call on this very stream is committed first (a stream is staged
+            // once per commit); the claim then finds the stream moved and is decided again.
+            Some(pending) if pending.handle.stream() == handle.stream() => {
+                self.flush(pending).await;
+                None
+            }
+            carry => carry,
+        };
+        let Some(pending) = pending else {
+            // The domain judges a claim on the fresh state after a lost race: it refuses the
+            // winner's live claim.
+            return self.ops.commit(handle, commands, |_| true).await;
+        };
+        let now = self.ops.now();
+        let decision = OutcomeWithClaim {
+            done: pending.handle.stream(),
+            outcome: &pending.command,
+            done_metadata: self.ops.metadata(&pending.handle),
+            next: handle.stream(),
+            claim: commands,
+            next_metadata: self.ops.metadata(handle),
+            now,
+        };
+        let committed = self
+            .ops
+            .unit_of_work()
+            .knowing(
+                pending.handle.stream().clone(),
+                pending.handle.view().clone(),
+            )
+            .knowing(handle.stream().clone(), handle.view().clone())
+            .run(|snapshot, changes| decision.decide(snapshot, changes))
+            .await?;
+        let (refused, claimed) = committed.value;
+        if let Some(rejection) = refused {
+            warn_refused(&pending.handle, &rejection);
+        }
+        Ok(match claimed {
+            Some(view) => {
+                handle.advance(view);
+                Applied::Done
+            }
+            None => Applied::Declined,
+        })
+    }
+
+    /// The sweep of a claim whose lease ran out after `ExternalCallSent`: its worker died or
+    /// hung, so the outcome is unknown. Never a second blind call.
+    pub(crate) async fn sweep(
+        &self,
+        action: &Action,
+        handle: &mut Handle,
+    ) -> Result<(), StepError> {
+        let reason = "the worker holding the claim stopped before recording the call's outcome \
+                      (its lease expired)"
+            .to_owned();
+        let command = self.unknown_command(action, handle, reason).await;
+        self.record(handle, &command).await
+    }
+
+    /// Commits a call's outcome on its own; failures are logged (the lease then runs out and
+    /// the unknown-outcome path applies).
+    pub(crate) async fn flush(&self, mut pending: Pending) {
+        if let Err(error) = self.record(&mut pending.handle, &pending.command).await {
+            tracing::warn!(
+                operation_id = %pending.handle.received().operation_id,
+                %error,
+                "a call's outcome could not be recorded; the operation will be swept"
+            );
+        }
+    }
+
+    /// Records what became of a call. If another worker moved the operation meanwhile (its
+    /// sweep after our lease ran out), the outcome is decided again on the new state; if the
+    /// domain refuses it there, the refusal and the late outcome are recorded for a person.
+    async fn record(
+        &self,
+        handle: &mut Handle,
+        command: &OperationCommand,
+    ) -> Result<(), StepError> {
+        let now = self.ops.now();
+        let metadata = self.ops.metadata(handle);
+        let stream = handle.stream().clone();
+        let committed = self
+            .ops
+            .unit_of_work()
+            .knowing(stream.clone(), handle.view().clone())
+            .run(|snapshot, changes| -> Result<_, Undecided<Infallible>> {
+                let view: View = snapshot.state(&stream)?;
+                Ok(stage_outcome(
+                    changes, &stream, &view, command, now, &metadata,
+                ))
+            })
+            .await?;
+        if let Some(rejection) = committed.value {
+            warn_refused(handle, &rejection);
+        }
+        Ok(())
+    }
+
+    /// After a call whose outcome is unknown: retry only with a key the service honours, else
+    /// look up, else leave it to a person. Never a blind repeat.
+    async fn unknown_command(
+        &self,
+        action: &Action,
+        handle: &Handle,
+        reason: String,
+    ) -> OperationCommand {
+        let effector = &action.effector;
+        if effector.honours_idempotency_key() {
+            return OperationCommand::ScheduleRetry {
+                at: self.ops.now() + self.delay(handle, None),
+                reason: format!(
+                    "{reason}; retrying with the same idempotency key, which the service honours"
+                ),
+                same_key: true,
+            };
+        }
+        let request = effect_request(handle);
+        match effector.lookup(&request).await {
+            LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
+            LookupOutcome::Absent => OperationCommand::ScheduleRetry {
+                at: self.ops.now() + self.delay(handle, None),
+                reason: format!("{reason}; the lookup found nothing under the operation id"),
+                same_key: true,
+            },
+            LookupOutcome::Failed { reason: lookup } => OperationCommand::MarkForReconciliation {
+                reason: format!("{reason}; the lookup failed too ({lookup})"),
+            },
+            LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
+                reason: format!(
+                    "{reason}; the service does not honour the idempotency key and has no \
+                     lookup, so a person must check"
+                ),
+            },
+        }
+    }
+
+    fn delay(&self, handle: &Handle, retry_after: Option<Duration>) -> TimeDelta {
+        let delay = self.backoff.delay(
+            &handle.received().operation_id.to_string(),
+            handle.state().claims,
+            retry_after,
+        );
+        TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX)
+    }
+}
+
+/// One decision over two streams: a call's outcome on the operation it was made for, and the
+/// next operation's claim.
+struct OutcomeWithClaim<'a> {
+    done: &'a StreamId,
+    outcome: &'a OperationCommand,
+    done_metadata: EventMetadata,
+    next: &'a StreamId,
+    claim: &'a [OperationCommand],
+    next_metadata: EventMetadata,
+    now: DateTime<Utc>,
+}
+
+impl OutcomeWithClaim<'_> {
+    /// Stages the outcome (or, refused on the current state, its `TransitionRejected` record)
+    /// and the claim if the domain accepts it. Returns the outcome's refusal, if any, and the
+    /// next operation's view after its claim (`None`: the claim is lost, nothing is staged for
+    /// it, the outcome still is).
+    fn decide(
+        &self,
+        snapshot: &Snapshot,
+        changes: &mut Changes,
+    ) -> Result<(Option<Rejection>, Option<View>), Undecided<Infallible>> {
+        let done: View = snapshot.state(self.done)?;
+        let next: View = snapshot.state(self.next)?;
+        let refused = stage_outcome(
+            changes,
+            self.done,
+            &done,
+            self.outcome,
+            self.now,
+            &self.done_metadata,
+        );
+        let claimed = stage(
+            changes,
+            self.next,
+            &next,
+            self.claim,
+            self.now,
+            &self.next_metadata,
+        )
+        .ok();
+        Ok((refused, claimed))
+    }
+}
+
+fn warn_refused(handle: &Handle, rejection: &Rejection) {
+    tracing::warn!(
+        operation_id = %handle.received().operation_id,
+        %rejection,
+        "a late call outcome was refused; recording it for the audit trail"
+    );
+}
+
+/// Whether the operation's state calls for a claim at `now`: new, a retry that is due, or a
+/// claim whose lease ran out with nothing sent.
+pub(crate) fn claimable(state: &opledger_domain::Operation, now: DateTime<Utc>) -> bool {
+    match state.status {
+        Status::Received => true,
+        Status::RetryScheduled => state.retry_at.is_none_or(|at| at <= now),
+        Status::Claimed => state.claim.as_ref().is_some_and(|c| !c.is_live(now)),
+        _ => false,
+    }
+}
+
+fn effect_request(handle: &Handle) -> EffectRequest {
+    let received = handle.received();
+    EffectRequest {
+        operation_id: received.operation_id.to_string(),
+        action: received.action.clone(),
+        business_key: received.business_key.clone(),
+        params: received.params.clone(),
+        chat_id: received.chat_id,
+        user_id: received.user_id,
+        attempt: handle.state().claims,
+    }
+}
+
+fn confirm(success: Success, via: ConfirmedVia) -> OperationCommand {
+    OperationCommand::Confirm(Confirmed {
+        external_id: success.external_id,
+        result: success.result,
+        response_digest: success.response_digest,
+        via,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use opledger_domain::operation::OperationEvent;
+    use opledger_ledger::{ManualClock, StreamState};
+    use opledger_store::{AnyOptions, AnyStore, EventStore, ExpectedVersion};
+
+    use super::*;
+    use crate::handle::tests::{called, claimed, confirm, now, received, stream};
+    use crate::handle::{Applied, metadata};
+
+    fn claim() -> OperationCommand {
+        OperationCommand::Claim {
+            worker: "w1".to_owned(),
+            lease_until: now() + TimeDelta::minutes(1),
+        }
+    }
+
+    /// The decision of `a`'s confirmation with `b`'s claim, `b` holding `next`.
+    fn decide_with(next: &[OperationEvent]) -> (Option<Rejection>, Option<View>, Changes) {
+        let (a, b) = (stream("a"), stream("b"));
+        let snapshot = Snapshot::new()
+            .given::<View>(a.clone(), &called("a", "w1"))
+            .given::<View>(b.clone(), next);
+        let (outcome, claims) = (confirm(), [claim()]);
+        let decision = OutcomeWithClaim {
+            done: &a,
+            outcome: &outcome,
+            done_metadata: metadata("w1", &received("a")),
+            next: &b,
+            claim: &claims,
+            next_metadata: metadata("w1", &received("b")),
+            now: now(),
+        };
+        let mut changes = Changes::default();
+        let (refused, claimed) = decision.decide(&snapshot, &mut changes).unwrap();
+        (refused, claimed, changes)
+    }
+
+    #[test]
+    fn an_outcome_and_the_next_claim_are_one_decision_over_both_streams() {
+        let (refused, claimed, changes) = decide_with(&[received("b").into()]);
+        assert!(refused.is_none());
+        assert_eq!(claimed.map(|view| view.state.status), Some(Status::Claimed));
+        let (a, b) = (stream("a"), stream("b"));
+        assert_eq!(changes.streams(), vec![&a, &b], "the outcome first");
+        let (expected, _) = changes.staged::<OperationEvent>(&b).unwrap();
+        assert_eq!(expected, ExpectedVersion::Exact(1));
+    }
+
+    #[test]
+    fn a_claim_that_lost_stages_nothing_and_the_outcome_is_still_staged() {
+        let (refused, claimed, changes) = decide_with(&[received("b").into(), claimed("w2", 1)]);
+        assert!(refused.is_none());
+        assert!(claimed.is_none());
+        assert_eq!(changes.streams(), vec![&stream("a")]);
+    }
+
+    async fn calls() -> (tempfile::TempDir, Calls) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let store = AnyStore::open(&url, AnyOptions::default()).await.unwrap();
+        let clock = Arc::new(ManualClock::new(now()));
+        let ops = Operations::new(store, "w1".to_owned(), clock);
+        (
+            dir,
+            Calls::new(ops, Backoff::default(), Duration::from_secs(10)),
+        )
+    }
+
+    /// Appends `events` to `stream` at `version`, as another worker would.
+    async fn append(calls: &Calls, stream: &StreamId, version: u64, events: &[OperationEvent]) {
+        let metadata = metadata("w2", &received("x"));
+        let expected = opledger_ledger::expected(version);
+        let request = opledger_ledger::request(stream.clone(), expected, events, &metadata);
+        calls
+            .ops
+            .store()
+            .append(vec![request.unwrap()])
+            .await
+            .unwrap();
+    }
+
+    /// Operation `a` with a call sent, `b` received; `a`'s outcome pending and `b` read.
+    async fn two_operations(calls: &Calls) -> (Pending, Handle) {
+        append(calls, &stream("a"), 0, &called("a", "w1")).await;
+        append(calls, &stream("b"), 0, &[received("b").into()]).await;
+        let pending = Pending {
+            handle: calls.ops.load(stream("a")).await.unwrap(),
+            command: confirm(),
+        };
+        (pending, calls.ops.load(stream("b")).await.unwrap())
+    }
+
+    async fn types(calls: &Calls, stream: &StreamId) -> Vec<String> {
+        let events = calls.ops.store().read_stream(stream, 1, 100).await.unwrap();
+        events.into_iter().map(|e| e.event_type).collect()
+    }
+
+    #[tokio::test]
+    async fn an_outcome_is_committed_with_the_next_claim_in_one_append() {
+        let (_dir, calls) = calls().await;
+        let (a, b) = (stream("a"), stream("b"));
+        let (pending, mut next) = two_operations(&calls).await;
+        let head = calls.ops.store().head().await.unwrap().position;
+        let applied = calls
+            .claim(&mut next, &[claim()], Some(pending))
+            .await
+            .unwrap();
+        assert_eq!(applied, Applied::Done);
+        assert_eq!(next.state().status, Status::Claimed);
+        assert_eq!(next.view().version(), 2);
+        let a_events = calls.ops.store().read_stream(&a, 4, 1).await.unwrap();
+        let b_events = calls.ops.store().read_stream(&b, 2, 1).await.unwrap();
+        assert_eq!(a_events[0].event_type, "Confirmed");
+        assert_eq!(b_events[0].event_type, "Claimed");
+        assert_eq!(
+            (a_events[0].position, b_events[0].position),
+            (head + 1, head + 2),
+            "one append: the outcome, then the claim"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_lost_the_race_declines_and_the_late_outcome_is_still_committed() {
+        let (_dir, calls) = calls().await;
+        let (a, b) = (stream("a"), stream("b"));
+        let (pending, mut next) = two_operations(&calls).await;
+        // Another worker claims the next operation after this one read it.
+        append(&calls, &b, 1, &[claimed("w2", 1)]).await;
+        let applied = calls
+            .claim(&mut next, &[claim()], Some(pending))
+            .await
+            .unwrap();
+        assert_eq!(applied, Applied::Declined);
+        assert_eq!(
+            types(&calls, &a).await,
+            ["Received", "Claimed", "ExternalCallSent", "Confirmed"]
+        );
+        assert_eq!(types(&calls, &b).await, ["Received", "Claimed"]);
+        let winner = calls.ops.load(b).await.unwrap();
+        assert_eq!(winner.state().claim.as_ref().unwrap().worker, "w2");
+    }
+
+    #[tokio::test]
+    async fn the_call_is_not_recorded_under_a_claim_that_is_not_ours_any_more() {
+        let (_dir, calls) = calls().await;
+        let a = stream("a");
+        append(&calls, &a, 0, &[received("a").into()]).await;
+        let mut handle = calls.ops.load(a.clone()).await.unwrap();
+        let applied = calls.claim(&mut handle, &[claim()], None).await.unwrap();
+        assert_eq!(applied, Applied::Done);
+        let ours = handle.state().claim.clone();
+        // A claim was taken since under the same worker id (another process configured with
+        // it): the domain alone would let this worker record its call under that claim.
+        append(&calls, &a, 2, &[claimed("w1", 2)]).await;
+        let sent = OperationCommand::RecordCallSent {
+            worker: "w1".to_owned(),
+        };
+        let recorded = calls
+            .ops
+            .commit(&mut handle, &[sent], |state| state.claim == ours)
+            .await
+            .unwrap();
+        assert_eq!(recorded, Applied::Declined);
+        assert_eq!(types(&calls, &a).await, ["Received", "Claimed", "Claimed"]);
+    }
+}
