@@ -28,8 +28,8 @@ use tokio::task::JoinHandle;
 
 use crate::batch::{Plan, Sealed};
 use crate::columns::{
-    LIST_STREAMS, READ_ALL, READ_HEAD, READ_STREAM, STREAM_VERSION, limit_param, to_hash, to_i64,
-    to_schema_version, to_stream_id, to_u64,
+    LIST_STREAMS, READ_ALL, READ_HEAD, READ_STREAM, STREAM_VERSION, limit_param, lower_bound,
+    to_hash, to_i64, to_schema_version, to_stream_id, to_u64,
 };
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions, advance};
@@ -313,9 +313,12 @@ impl EventStore for PgStore {
         from_version: StreamVersion,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let Some(from_version) = lower_bound(from_version) else {
+            return Ok(Vec::new());
+        };
         sqlx::query(READ_STREAM)
             .bind(stream.as_str())
-            .bind(to_i64(from_version))
+            .bind(from_version)
             .bind(limit_param(limit))
             .try_map(|row: PgRow| event_from_row(&row))
             .fetch_all(&self.inner.readers)
@@ -328,9 +331,12 @@ impl EventStore for PgStore {
         from: Position,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let Some(from) = lower_bound(from) else {
+            return Ok(Vec::new());
+        };
         let mut events = Vec::with_capacity(limit.min(4096));
         let mut rows = sqlx::query(READ_ALL)
-            .bind(to_i64(from))
+            .bind(from)
             .bind(limit_param(limit))
             .fetch(&self.inner.readers);
         while let Some(row) = rows

@@ -16,7 +16,9 @@ use sqlx::{ConnectOptions, Row};
 use tokio::sync::mpsc;
 
 use crate::any::ReadPool;
-use crate::columns::{POSITION_TIME, READ_HEAD, READ_RANGE, READ_STREAM, limit_param, to_i64};
+use crate::columns::{
+    POSITION_TIME, READ_HEAD, READ_RANGE, READ_STREAM, limit_param, lower_bound, to_i64,
+};
 use crate::error::{OpenError, StoreError};
 use crate::model::{Head, Position, RecordedEvent, StreamId, StreamVersion, micros_to_datetime};
 use crate::{postgres, sqlite};
@@ -139,11 +141,10 @@ impl LedgerReader {
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let classify = |e| self.classify("reading events", e);
-        let (from, to, limit) = (
-            to_i64(from),
-            to_i64(to.min(i64::MAX as u64)),
-            limit_param(limit),
-        );
+        let Some(from) = lower_bound(from) else {
+            return Ok(Vec::new());
+        };
+        let (to, limit) = (to_i64(to.min(i64::MAX as u64)), limit_param(limit));
         let mut events = Vec::new();
         match self {
             LedgerReader::Sqlite(pool) => {
@@ -222,10 +223,13 @@ impl LedgerReader {
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let classify = |e| self.classify("reading a stream", e);
+        let Some(from_version) = lower_bound(from_version) else {
+            return Ok(Vec::new());
+        };
         match self {
             LedgerReader::Sqlite(pool) => sqlx::query(READ_STREAM)
                 .bind(stream.as_str())
-                .bind(to_i64(from_version))
+                .bind(from_version)
                 .bind(limit_param(limit))
                 .try_map(|row: SqliteRow| sqlite::event_from_row(&row))
                 .fetch_all(pool)
@@ -233,7 +237,7 @@ impl LedgerReader {
                 .map_err(classify),
             LedgerReader::Postgres(pool) => sqlx::query(READ_STREAM)
                 .bind(stream.as_str())
-                .bind(to_i64(from_version))
+                .bind(from_version)
                 .bind(limit_param(limit))
                 .try_map(|row: PgRow| postgres::event_from_row(&row))
                 .fetch_all(pool)
@@ -248,9 +252,12 @@ impl LedgerReader {
         position: Position,
     ) -> Result<Option<(Position, DateTime<Utc>)>, StoreError> {
         let classify = |e| self.classify("reading when an event was recorded", e);
+        let Some(position) = lower_bound(position) else {
+            return Ok(None);
+        };
         let row = match self {
             LedgerReader::Sqlite(pool) => sqlx::query(POSITION_TIME)
-                .bind(to_i64(position))
+                .bind(position)
                 .try_map(|row: SqliteRow| {
                     Ok((
                         row.try_get::<i64, _>(0)?,
@@ -261,7 +268,7 @@ impl LedgerReader {
                 .await
                 .map_err(classify)?,
             LedgerReader::Postgres(pool) => sqlx::query(POSITION_TIME)
-                .bind(to_i64(position))
+                .bind(position)
                 .try_map(|row: PgRow| Ok((row.try_get::<i64, _>(0)?, row.try_get(1)?)))
                 .fetch_optional(pool)
                 .await
