@@ -19,5 +19,6 @@ mod serve;
 mod status;
 mod storage_failure;
 mod support;
+mod terminal;
 mod tidy;
 mod worker;

@@ -143,7 +143,8 @@ fn report(error: &anyhow::Error) -> ExitCode {
             line.push_str(&text);
         }
     }
-    eprintln!("error: {line}");
+    // Causes can quote the ledger or a remote service: no control sequence reaches the terminal.
+    eprintln!("error: {}", output::escape(&line));
     if error
         .chain()
         .any(|cause| cause.is::<settings::BadConfig>() || cause.is::<BadUsage>())
