@@ -12,6 +12,7 @@ mod intake;
 mod polling;
 mod postgres;
 mod projections;
+mod read_commands;
 mod read_models;
 mod reconcile;
 mod replay;

@@ -286,6 +286,16 @@ pub(crate) async fn read_head(connection: &mut PgConnection) -> Result<Head, sql
     })
 }
 
+/// A row of [`LIST_STREAMS`].
+pub(crate) fn stream_from_row(row: &PgRow) -> Result<StreamInfo, sqlx::Error> {
+    Ok(StreamInfo {
+        stream_id: to_stream_id(row.try_get(0)?)?,
+        category: row.try_get(1)?,
+        version: to_u64(row.try_get(2)?, "version")?,
+        created_at: row.try_get(3)?,
+    })
+}
+
 pub(crate) fn event_from_row(row: &PgRow) -> Result<RecordedEvent, sqlx::Error> {
     Ok(RecordedEvent {
         position: to_u64(row.try_get(0)?, "position")?,
@@ -378,14 +388,7 @@ impl EventStore for PgStore {
         sqlx::query(LIST_STREAMS)
             .bind(after.map_or("", StreamId::as_str))
             .bind(limit_param(limit))
-            .try_map(|row: PgRow| {
-                Ok(StreamInfo {
-                    stream_id: to_stream_id(row.try_get(0)?)?,
-                    category: row.try_get(1)?,
-                    version: to_u64(row.try_get(2)?, "version")?,
-                    created_at: row.try_get(3)?,
-                })
-            })
+            .try_map(|row: PgRow| stream_from_row(&row))
             .fetch_all(&self.inner.readers)
             .await
             .map_err(|e| classify("listing streams", e))

@@ -309,6 +309,16 @@ pub(crate) fn head_from_row(row: &SqliteRow) -> Result<Head, sqlx::Error> {
     })
 }
 
+/// A row of [`LIST_STREAMS`].
+pub(crate) fn stream_from_row(row: &SqliteRow) -> Result<StreamInfo, sqlx::Error> {
+    Ok(StreamInfo {
+        stream_id: to_stream_id(row.try_get(0)?)?,
+        category: row.try_get(1)?,
+        version: to_u64(row.try_get(2)?, "version")?,
+        created_at: micros_to_datetime(row.try_get(3)?),
+    })
+}
+
 pub(crate) fn event_from_row(row: &SqliteRow) -> Result<RecordedEvent, sqlx::Error> {
     let event_id: Vec<u8> = row.try_get(3)?;
     Ok(RecordedEvent {
@@ -408,14 +418,7 @@ impl EventStore for SqliteStore {
         sqlx::query(LIST_STREAMS)
             .bind(after.map_or("", StreamId::as_str))
             .bind(limit_param(limit))
-            .try_map(|row: SqliteRow| {
-                Ok(StreamInfo {
-                    stream_id: to_stream_id(row.try_get(0)?)?,
-                    category: row.try_get(1)?,
-                    version: to_u64(row.try_get(2)?, "version")?,
-                    created_at: micros_to_datetime(row.try_get(3)?),
-                })
-            })
+            .try_map(|row: SqliteRow| stream_from_row(&row))
             .fetch_all(&self.inner.readers)
             .await
             .map_err(|e| classify("listing streams", e))

@@ -13,7 +13,7 @@ use opledger_domain::operation::{
 use opledger_domain::{Causation, EventMetadata, Operation, Rejection};
 use opledger_ledger::{LedgerError, expected, load, request};
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow, ReadError};
-use opledger_store::{AnyStore, EventStore, StoreError, StreamId};
+use opledger_store::{AnyStore, EventStore, ReadPool, StoreError, StreamId};
 use serde::Serialize;
 
 /// How many times a decision is made again after another writer changed the operation first.
@@ -251,9 +251,9 @@ impl Waiting {
 }
 
 /// The operations in `needs_reconciliation`, at most `limit`, most recently changed first, with
-/// their age at `now`.
+/// their age at `now`, read from `pool` (the store's reader, or a read-only `LedgerReader`'s).
 pub async fn list(
-    store: &AnyStore,
+    pool: ReadPool<'_>,
     now: DateTime<Utc>,
     limit: u32,
 ) -> Result<Vec<Waiting>, ReconcileError> {
@@ -262,7 +262,7 @@ pub async fn list(
         limit,
         ..Filter::default()
     };
-    let rows = operation_status::list(store.reader(), &filter).await?;
+    let rows = operation_status::list(pool, &filter).await?;
     Ok(rows.into_iter().map(|row| Waiting::new(row, now)).collect())
 }
 

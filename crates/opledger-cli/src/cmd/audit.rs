@@ -22,12 +22,12 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::DateTime;
 use opledger_server::{Clock, SystemClock};
 use opledger_store::verify::{self, Broken, ChainCheck, Checkpoint};
-use opledger_store::{Hash, LedgerReader, Position, RecordedEvent, StreamId};
+use opledger_store::{Hash, Position, RecordedEvent, StreamId};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::BadUsage;
-use crate::database::redact;
+use crate::database::{open_reader, redact};
 use crate::output::{Output, peak_rss_bytes, timestamp};
 
 #[derive(Debug, clap::Subcommand)]
@@ -67,13 +67,6 @@ pub(crate) struct VerifyArgs {
     /// no database.
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
-}
-
-/// Opens the ledger at `url` read-only: auditing never changes what it audits.
-pub(crate) async fn open_reader(url: &str) -> anyhow::Result<LedgerReader> {
-    LedgerReader::open(url)
-        .await
-        .with_context(|| format!("cannot open the ledger at {}", redact(url)))
 }
 
 /// What is broken, for `--json`.

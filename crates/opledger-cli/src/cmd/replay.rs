@@ -15,8 +15,7 @@ use opledger_server::{Clock, SystemClock};
 use opledger_store::{LedgerReader, Position};
 
 use crate::BadUsage;
-use crate::cmd::audit::open_reader;
-use crate::database::redact;
+use crate::database::{open_reader, redact};
 use crate::output::{Output, timestamp};
 
 #[derive(Debug, clap::Args)]
