@@ -620,7 +620,8 @@ async fn verifying_a_missing_ledger_fails_without_creating_it() {
     let path = dir.path().join("missing.db");
     let url = crate::support::sqlite_url(&path);
     let output = opledger(&url, &["audit", "verify"]);
-    assert_eq!(output.status.code(), Some(1));
+    // A ledger that is not there is a usage error, like every read command's (issue 15 D8).
+    assert_eq!(output.status.code(), Some(2));
     assert!(
         stderr(&output).contains("cannot open the ledger"),
         "{}",

@@ -313,3 +313,29 @@ async fn schema_newer_than_the_binary_is_a_clear_error() {
     );
     assert_one_line_error(&output, "upgrade opledger");
 }
+
+#[tokio::test]
+async fn events_from_beyond_every_position_prints_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    ledger_with_events(&path).await.close().await;
+    for from in [
+        "9223372036854775807",
+        "9223372036854775808",
+        "18446744073709551615",
+    ] {
+        for extra in [&[][..], &["--stream", "op-coupon-spring:42"][..]] {
+            let mut args = vec!["events", "--json", "--from", from];
+            args.extend_from_slice(extra);
+            let output = opledger(&sqlite_url(&path), &args);
+            assert_eq!(output.status.code(), Some(0), "{from}: {}", stderr(&output));
+            assert_eq!(stdout(&output), "", "{from} {extra:?}");
+            assert_eq!(stderr(&output), "", "{from} {extra:?}");
+        }
+    }
+    let too_big = opledger(
+        &sqlite_url(&path),
+        &["events", "--from", "18446744073709551616"],
+    );
+    assert_eq!(too_big.status.code(), Some(2), "{}", stderr(&too_big));
+}

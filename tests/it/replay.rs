@@ -28,6 +28,7 @@ on_both_backends!(
     the_timeline_shows_every_event_with_its_cause,
     a_replay_in_the_middle_is_the_ledger_as_it_was_then,
     bad_until_values_are_usage_errors,
+    a_replay_never_writes_over_a_ledger,
 );
 
 /// The service, a worker and the fake outside world, on a fresh ledger.
@@ -522,4 +523,135 @@ async fn bad_until_values_are_usage_errors(backend: Backend) {
         assert!(!into.exists(), "{until}: nothing is written");
     }
     assert!(head >= 2);
+}
+
+/// Bytes of a file, or `None` if it is not there.
+fn bytes(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}
+
+/// A replay with `--force` refused with exit code 2 and one line saying `says`.
+fn assert_refused(url: &str, into: &Path, says: &str) {
+    let output = replay(url, "2", into, &["--force"]);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{}: {err}", into.display());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(says),
+        "{}: expected `{says}` in {err}",
+        into.display()
+    );
+}
+
+/// [`assert_refused`], and the file at `into` (not the live ledger's) left as it was.
+fn assert_refused_untouched(url: &str, into: &Path, says: &str) {
+    let before = bytes(into);
+    assert_refused(url, into, says);
+    assert!(bytes(into) == before, "{} was changed", into.display());
+}
+
+/// `opledger replay --into <the ledger> --force` used to replace the ledger with the replay
+/// (issue 15 D2). It never writes over the ledger it reads, by any path, nor its journal files,
+/// nor any other ledger, nor a file that no replay made, while the service keeps acknowledging
+/// updates into the ledger; `--force` replaces only an earlier replay.
+async fn a_replay_never_writes_over_a_ledger(backend: Backend) {
+    let Some(world) = World::start(backend).await else {
+        return;
+    };
+    for update in 1..=5 {
+        world.ask(update, 7, &format!("spring{update}")).await;
+    }
+    let url = world.ledger.url();
+    let out = tempfile::tempdir().expect("temporary directory");
+    let ledger_refusal = "is the ledger being replayed or one of its journal files";
+
+    if let Ledger::Sqlite(dir) = &world.ledger {
+        // The service is running: its write-ahead log and shared memory are there.
+        let file = dir.path().join("ledger.db");
+        let name = dir.path().file_name().unwrap().to_str().unwrap();
+        std::fs::hard_link(&file, out.path().join("hard.db")).expect("hard link");
+        std::os::unix::fs::symlink(&file, out.path().join("soft.db")).expect("symlink");
+        for into in [
+            file.clone(),
+            dir.path().join(".").join("ledger.db"),
+            dir.path().join("..").join(name).join("ledger.db"),
+            out.path().join("hard.db"),
+            out.path().join("soft.db"),
+            dir.path().join("ledger.db-wal"),
+            dir.path().join("ledger.db-shm"),
+            dir.path().join("ledger.db-journal"),
+        ] {
+            assert_refused(&url, &into, ledger_refusal);
+        }
+        // A relative path from the ledger's folder.
+        let relative = opledger_command(
+            &url,
+            &["replay", "--until", "2", "--into", "ledger.db", "--force"],
+        )
+        .current_dir(dir.path())
+        .output()
+        .expect("run opledger");
+        assert_eq!(relative.status.code(), Some(2), "{}", stderr(&relative));
+        assert!(stderr(&relative).contains(ledger_refusal));
+    }
+
+    // Another ledger, and a file no replay made: not even with --force.
+    let other = out.path().join("other.db");
+    let migrated = opledger(&crate::support::sqlite_url(&other), &["migrate"]);
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    assert_refused_untouched(
+        &url,
+        &other,
+        "holds an opledger ledger: a replay never overwrites a ledger",
+    );
+    let notes = out.path().join("notes.txt");
+    std::fs::write(&notes, "not a replay").expect("write");
+    assert_refused_untouched(
+        &url,
+        &notes,
+        "exists and is not a replay: --force replaces only",
+    );
+    // A ledger where the replay is built first (`<into>.partial`), which a replay would remove.
+    let behind = out.path().join("behind.db.partial");
+    std::fs::copy(&other, &behind).expect("copy a ledger");
+    let output = replay(&url, "2", &out.path().join("behind.db"), &["--force"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("is in the way"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        bytes(&behind),
+        bytes(&other),
+        "the ledger in the way is kept"
+    );
+
+    // An earlier replay is replaced with --force, and a half-built one is cleared away.
+    let earlier = out.path().join("earlier.db");
+    let built = replay(&url, "2", &earlier, &[]);
+    assert!(built.status.success(), "{}", stderr(&built));
+    std::fs::copy(&earlier, out.path().join("earlier.db.partial")).expect("copy");
+    let again = replay(&url, "3", &earlier, &["--force"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(info(&earlier).await["until_position"], 3);
+    assert!(!out.path().join("earlier.db.partial").exists());
+
+    // Every update acknowledged before and after is still in the ledger, and it verifies.
+    for update in 6..=10 {
+        world.ask(update, 7, &format!("spring{update}")).await;
+    }
+    let rows = operations(world.app.store.reader()).await;
+    assert_eq!(rows.len(), 10);
+    world.app.stop().await;
+    let verified = opledger(&url, &["audit", "verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+    let store = world.ledger.open().await;
+    let received = store.read_all(1, 10_000).await.expect("read");
+    store.close().await;
+    let updates = received
+        .iter()
+        .filter(|e| e.event_type == "UpdateReceived")
+        .count();
+    assert_eq!(updates, 10);
 }

@@ -1,16 +1,27 @@
-//! Opening the ledger named by a database URL, with the read models every writer keeps.
+//! Opening the ledger named by a database URL: for writing, with the read models every writer
+//! keeps, or read-only.
 
 use anyhow::Context;
-use opledger_store::{AnyOptions, AnyStore};
+use opledger_store::{AnyOptions, AnyStore, LedgerReader};
 
 /// Opens the ledger at `url` (SQLite or PostgreSQL), creating it and applying migrations if
-/// needed, with opledger's inline read models installed.
+/// needed, with opledger's inline read models installed. Only the commands that write use it
+/// (`serve`, `worker`, `migrate`, `reconcile resolve`, `projections rebuild`).
 pub(crate) async fn open(url: &str) -> anyhow::Result<AnyStore> {
     let options = AnyOptions {
         inline: opledger_projections::inline(),
         ..AnyOptions::default()
     };
     AnyStore::open(url, options)
+        .await
+        .with_context(|| format!("cannot open the ledger at {}", redact(url)))
+}
+
+/// Opens the ledger at `url` read-only, for the commands that only read: it must exist and be an
+/// opledger ledger of a schema this binary knows. Nothing is created, migrated or written, so a
+/// mistyped path or someone else's database is refused and left as it was.
+pub(crate) async fn open_reader(url: &str) -> anyhow::Result<LedgerReader> {
+    LedgerReader::open(url)
         .await
         .with_context(|| format!("cannot open the ledger at {}", redact(url)))
 }

@@ -2,7 +2,8 @@
 //!
 //! Only this crate reads the environment, files and the command line; it builds the validated
 //! configuration once and hands it to the library crates. Errors are printed as one line on
-//! stderr with a non-zero exit code: 2 for a bad configuration or usage, 1 for anything else.
+//! stderr with a non-zero exit code: 2 for a bad configuration or usage (a ledger that is not
+//! there included), 1 for anything else.
 
 mod cmd;
 mod database;
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use opledger_store::OpenError;
 
 /// opledger: an event-sourced operation ledger that makes every Telegram update produce each
 /// business side effect at most once, and proves it afterwards.
@@ -25,7 +27,8 @@ pub(crate) struct Cli {
     config: Option<PathBuf>,
 
     /// The ledger, overriding the configuration's [storage] url: sqlite://PATH (created if
-    /// missing) or postgres://USER@HOST/DB.
+    /// missing by the commands that write: serve, worker, migrate; the others only read an
+    /// existing ledger) or postgres://USER@HOST/DB.
     #[arg(
         long,
         global = true,
@@ -131,7 +134,8 @@ fn init_tracing() {
 pub(crate) struct BadUsage(pub(crate) String);
 
 /// Prints an error and its causes as one line. A cause whose text the previous message already
-/// contains is not repeated. A bad configuration or usage exits with 2, anything else with 1.
+/// contains is not repeated. A bad configuration or usage (a missing ledger too) exits with 2,
+/// anything else with 1.
 fn report(error: &anyhow::Error) -> ExitCode {
     let mut line = String::new();
     for cause in error.chain() {
@@ -143,11 +147,14 @@ fn report(error: &anyhow::Error) -> ExitCode {
             line.push_str(&text);
         }
     }
-    eprintln!("error: {line}");
-    if error
-        .chain()
-        .any(|cause| cause.is::<settings::BadConfig>() || cause.is::<BadUsage>())
-    {
+    // Causes can quote the ledger or a remote service: no control sequence reaches the terminal.
+    eprintln!("error: {}", output::escape(&line));
+    if error.chain().any(|cause| {
+        cause.is::<settings::BadConfig>()
+            || cause.is::<BadUsage>()
+            // A read of a ledger that is not there: a mistyped path, like a bad argument.
+            || matches!(cause.downcast_ref(), Some(OpenError::Missing { .. }))
+    }) {
         ExitCode::from(2)
     } else {
         ExitCode::FAILURE

@@ -12,7 +12,7 @@ use url::Url;
 use crate::error::{ConfigError, List};
 use crate::raw::{self, RawAction, RawApi, RawBot, RawEffector, RawReply, RawServer, RawStorage};
 use crate::template::{
-    KeyTemplate, RESERVED_PARAM_NAMES, ReplyKind, ReplyTemplate, UrlTemplate, check_http_url,
+    KeyTemplate, RESERVED_PARAM_NAMES, ReplyKind, ReplyTemplate, UrlTemplate, http_url,
 };
 
 /// Commands answered by built-in pure queries; no action may take them.
@@ -650,8 +650,7 @@ impl BotConfig {
 
 /// Checks a Bot API base URL and returns it without a trailing slash.
 fn api_base_url(text: &str) -> Result<String, String> {
-    let url = Url::parse(text).map_err(|e| format!("is not a valid URL: {e}"))?;
-    check_http_url(&url)?;
+    let url = http_url(text)?;
     if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
         return Err(
             "must be only a scheme, host and optional port, e.g. \"https://api.telegram.org\" \
@@ -848,10 +847,8 @@ impl EffectorConfig {
             raw.url,
             "write the URL the action POSTs to, e.g. \"http://127.0.0.1:9000/coupons\"",
         )?;
-        let url = Url::parse(&url_text)
-            .map_err(|e| format!("is not a valid URL: {e}"))
-            .and_then(|url| check_http_url(&url).map(|()| url))
-            .map_err(|problem| ConfigError::key_problem(key("url"), problem))?;
+        let url =
+            http_url(&url_text).map_err(|problem| ConfigError::key_problem(key("url"), problem))?;
         let timeout_ms = in_range(
             &key("timeout_ms"),
             raw.timeout_ms,

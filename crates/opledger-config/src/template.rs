@@ -425,14 +425,12 @@ impl UrlTemplate {
         }
         let template = UrlTemplate { template };
         let sample = template
-            .render(SAMPLE_OPERATION_ID)
+            .template
+            .render_with(|_| Ok(SAMPLE_OPERATION_ID.to_owned()))
             .map_err(|e| TemplateError::BadUrl {
-                problem: match e {
-                    RenderError::BadUrl { source } => format!("is not a valid URL: {source}"),
-                    other => other.to_string(),
-                },
+                problem: e.to_string(),
             })?;
-        check_http_url(&sample).map_err(|problem| TemplateError::BadUrl { problem })?;
+        http_url(&sample).map_err(|problem| TemplateError::BadUrl { problem })?;
         Ok(template)
     }
 
@@ -461,8 +459,37 @@ impl fmt::Display for UrlTemplate {
     }
 }
 
-/// Checks that `url` is an absolute http(s) URL with a host and no credentials.
-pub(crate) fn check_http_url(url: &Url) -> Result<(), String> {
+/// Parses an absolute http(s) URL with a host and no credentials, written out in full.
+///
+/// The URL parser forgives what a browser's address bar would: `http:///x`, `http:/x` and
+/// `http:x` become host `x`, a backslash becomes a slash, tabs and line breaks are dropped,
+/// spaces around are trimmed. A configuration must mean what it says, so those are refused here.
+pub(crate) fn http_url(text: &str) -> Result<Url, String> {
+    if let Some(c) = text.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "must not contain spaces or control characters (found U+{:04X}); percent-encode \
+             them",
+            u32::from(c)
+        ));
+    }
+    if text.contains('\\') {
+        return Err("must separate its parts with `/`, not `\\`".to_owned());
+    }
+    let no_host = |scheme: &str| {
+        format!(
+            "must name a host right after `{scheme}://`, e.g. \"{scheme}://127.0.0.1:9000/path\""
+        )
+    };
+    if let Some((scheme, rest)) = text.split_once(':') {
+        let scheme = scheme.to_ascii_lowercase();
+        let authority = rest.strip_prefix("//").and_then(|rest| rest.chars().next());
+        if matches!(scheme.as_str(), "http" | "https")
+            && authority.is_none_or(|c| matches!(c, '/' | '?' | '#'))
+        {
+            return Err(no_host(&scheme));
+        }
+    }
+    let url = Url::parse(text).map_err(|e| format!("is not a valid URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!(
             "must be an http:// or https:// URL, not {}:",
@@ -470,7 +497,7 @@ pub(crate) fn check_http_url(url: &Url) -> Result<(), String> {
         ));
     }
     if url.host().is_none() {
-        return Err("must name a host".to_owned());
+        return Err(no_host(url.scheme()));
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(
@@ -478,7 +505,7 @@ pub(crate) fn check_http_url(url: &Url) -> Result<(), String> {
                 .to_owned(),
         );
     }
-    Ok(())
+    Ok(url)
 }
 
 #[cfg(test)]

@@ -702,3 +702,105 @@ fn other_values_out_of_range_or_malformed() {
          e.g. \"http://127.0.0.1:9000/coupons\""
     );
 }
+
+/// The URL parser reads `http:///x` as host `x`, drops tabs and turns backslashes into slashes;
+/// every URL-valued key refuses what it would reinterpret, in one line naming the key.
+#[test]
+fn urls_the_parser_would_reinterpret_are_refused() {
+    let effector = |url: &str| {
+        error(&format!(
+            "{BOT}{ACTION}[actions.effector]\nurl = \"{url}\"\n"
+        ))
+    };
+    let no_host = "config key `actions[0].effector.url`: must name a host right after `http://`, \
+                   e.g. \"http://127.0.0.1:9000/path\"";
+    for url in [
+        "http:///x",
+        "http:/x",
+        "http:x",
+        "http:///",
+        "http://?x",
+        "http://#x",
+    ] {
+        assert_eq!(effector(url), no_host, "{url}");
+    }
+    assert_eq!(
+        effector("https:////x/coupons"),
+        "config key `actions[0].effector.url`: must name a host right after `https://`, e.g. \
+         \"https://127.0.0.1:9000/path\""
+    );
+    let backslash = "config key `actions[0].effector.url`: must separate its parts with `/`, not \
+                     `\\`";
+    for url in ["http:\\\\\\\\x/c", "http://x\\\\c", "http:/\\\\x/c"] {
+        assert_eq!(effector(url), backslash, "{url}");
+    }
+    assert_eq!(
+        effector("http://ex\\tample.com/c"),
+        "config key `actions[0].effector.url`: must not contain spaces or control characters \
+         (found U+0009); percent-encode them"
+    );
+    assert_eq!(
+        effector(" http://127.0.0.1:9000/c"),
+        "config key `actions[0].effector.url`: must not contain spaces or control characters \
+         (found U+0020); percent-encode them"
+    );
+    assert_eq!(
+        effector("http://127.0.0.1:9000/c\\n"),
+        "config key `actions[0].effector.url`: must not contain spaces or control characters \
+         (found U+000A); percent-encode them"
+    );
+    assert_eq!(effector("http://"), no_host);
+    assert_eq!(
+        effector("http://:9000/c"),
+        "config key `actions[0].effector.url`: is not a valid URL: empty host"
+    );
+    assert_eq!(
+        effector("ftp:///x"),
+        "config key `actions[0].effector.url`: must be an http:// or https:// URL, not ftp:"
+    );
+
+    assert_eq!(
+        error(&format!(
+            "{BOT}{ACTION}[actions.effector]\nurl = \"http://127.0.0.1:9000/c\"\n\
+             lookup_url = \"http:///c/{{operation_id}}\"\n"
+        )),
+        "config key `actions[0].effector.lookup_url`: must name a host right after `http://`, \
+         e.g. \"http://127.0.0.1:9000/path\""
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{ACTION}[actions.effector]\nurl = \"http://127.0.0.1:9000/c\"\n\
+             lookup_url = \"http://127.0.0.1:9000/c/ {{operation_id}}\"\n"
+        )),
+        "config key `actions[0].effector.lookup_url`: must not contain spaces or control \
+         characters (found U+0020); percent-encode them"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}api_base_url = \"https:///api.telegram.org\"\n"
+        )),
+        "config key `bots[0].api_base_url`: must name a host right after `https://`, e.g. \
+         \"https://127.0.0.1:9000/path\""
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}api_base_url = \"https:\\\\\\\\api.telegram.org\"\n"
+        )),
+        "config key `bots[0].api_base_url`: must separate its parts with `/`, not `\\`"
+    );
+
+    // Written in full, they are fine.
+    for url in [
+        "http://127.0.0.1:9000/c",
+        "https://[::1]:8443/c?x=1",
+        "HTTP://Coupons.Example/c",
+    ] {
+        let config = parse(&format!(
+            "{BOT}{ACTION}[actions.effector]\nurl = \"{url}\"\n\
+             lookup_url = \"{url}/{{operation_id}}\"\n"
+        ))
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let effector = config.actions[0].effector.as_ref().unwrap();
+        assert!(effector.url.host().is_some(), "{url}");
+    }
+}

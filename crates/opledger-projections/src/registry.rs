@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use opledger_store::{AnyStore, EventStore, ReadPool, StoreError};
+use opledger_store::{AnyStore, ReadPool, StoreError};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -192,9 +192,17 @@ pub async fn rows(pool: ReadPool<'_>) -> Result<Vec<Checkpoint>, RegistryError> 
 
 /// Every active and building version with its checkpoint, the head and the lag.
 pub async fn list(store: &AnyStore) -> Result<Vec<ProjectionStatus>, RegistryError> {
-    let rows = rows(store.reader()).await?;
+    list_in(store.reader()).await
+}
+
+/// [`list`] on any pool of the ledger's database, a read-only one too (`LedgerReader::pool`).
+pub async fn list_in(pool: ReadPool<'_>) -> Result<Vec<ProjectionStatus>, RegistryError> {
+    let rows = rows(pool).await?;
     // The head is read after the checkpoints, so a lag is never negative.
-    let head = store.head().await?.position;
+    let head = match pool {
+        ReadPool::Sqlite(pool) => head(Conn::Sqlite(&mut *pool.acquire().await?)).await?,
+        ReadPool::Postgres(pool) => head(Conn::Postgres(&mut *pool.acquire().await?)).await?,
+    };
     Ok(rows
         .into_iter()
         .map(|row| {

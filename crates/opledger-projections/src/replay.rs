@@ -104,6 +104,8 @@ pub async fn replay(
         .synchronous(SqliteSynchronous::Off)
         .connect()
         .await?;
+    // First, so that even a file left half-built by a crash says it is a replay's.
+    sqlx::raw_sql(INFO_SCHEMA).execute(&mut file).await?;
     let mut indexes = Vec::new();
     for projection in projections {
         let name = projection.name();
@@ -181,6 +183,51 @@ pub async fn replay(
     Ok(replayed)
 }
 
+/// What a file a replay would write is now, so that a replay never writes over a ledger or a
+/// file it did not make (`--force` replaces only an earlier replay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Nothing is there.
+    Absent,
+    /// A file a replay made, finished or left half-built: it has a `replay_info` table.
+    Replay,
+    /// An opledger ledger: it has a `ledger_head` table.
+    Ledger,
+    /// Anything else: another SQLite database, a file that is not one, a directory.
+    Other,
+}
+
+/// Looks at `path` without changing it: the connection is read-only and immutable, so SQLite
+/// takes no lock and creates no journal, write-ahead log or shared-memory file beside it.
+pub async fn inspect(path: &Path) -> Existing {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Existing::Absent,
+        Err(_) => return Existing::Other,
+        Ok(_) => {}
+    }
+    let Ok(mut file) = SqliteConnectOptions::new()
+        .filename(path)
+        .read_only(true)
+        .immutable(true)
+        .connect()
+        .await
+    else {
+        return Existing::Other;
+    };
+    let tables: Result<Vec<String>, _> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'table' \
+         AND name IN ('ledger_head', 'replay_info')",
+    )
+    .fetch_all(&mut file)
+    .await;
+    let _ = file.close().await;
+    match tables {
+        Ok(tables) if tables.iter().any(|t| t == "ledger_head") => Existing::Ledger,
+        Ok(tables) if tables.iter().any(|t| t == "replay_info") => Existing::Replay,
+        _ => Existing::Other,
+    }
+}
+
 const INFO_SCHEMA: &str = "CREATE TABLE replay_info (
     -- The last ledger position applied: the replay shows the read models as of this event.
     until_position   INTEGER NOT NULL,
@@ -216,7 +263,6 @@ async fn write_info(
         })
         .collect();
     let time = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Micros, true);
-    sqlx::raw_sql(INFO_SCHEMA).execute(&mut *file).await?;
     sqlx::query(
         "INSERT INTO replay_info (until_position, until_hash, until_time, requested, events, \
          source, built_at, opledger_version, projections) \

@@ -33,10 +33,16 @@ pub(crate) fn to_u64(value: i64, column: &'static str) -> Result<u64, sqlx::Erro
     })
 }
 
-/// A position or version for a 64-bit signed integer column.
+/// A position or version the store computed from the databases' own columns, for a 64-bit
+/// signed integer column. Never a caller's value: that goes through [`lower_bound`].
 pub(crate) fn to_i64(value: u64) -> i64 {
-    // Positions and versions come from the databases' own 64-bit signed integer columns.
     i64::try_from(value).expect("positions and versions fit in a signed 64-bit column")
+}
+
+/// A caller's first position or version (`>= from`) for a 64-bit signed integer column, or
+/// `None` when it is beyond every value the column holds: such a read finds nothing.
+pub(crate) fn lower_bound(from: u64) -> Option<i64> {
+    i64::try_from(from).ok()
 }
 
 pub(crate) fn to_hash(bytes: &[u8], column: &'static str) -> Result<Hash, sqlx::Error> {

@@ -116,6 +116,13 @@ pub enum OpenError {
     )]
     BadUrl { reason: String },
 
+    /// A read-only open found no file: reading never creates a ledger.
+    #[error(
+        "there is no ledger at {}: check the path (commands that only read never create one), or create it with `opledger migrate`",
+        path.display()
+    )]
+    Missing { path: std::path::PathBuf },
+
     #[error(
         "cannot reach the database: {source}; check that it exists, is running and is reachable"
     )]

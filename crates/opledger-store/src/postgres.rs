@@ -28,8 +28,8 @@ use tokio::task::JoinHandle;
 
 use crate::batch::{Plan, Sealed};
 use crate::columns::{
-    LIST_STREAMS, READ_ALL, READ_HEAD, READ_STREAM, STREAM_VERSION, limit_param, to_hash, to_i64,
-    to_schema_version, to_stream_id, to_u64,
+    LIST_STREAMS, READ_ALL, READ_HEAD, READ_STREAM, STREAM_VERSION, limit_param, lower_bound,
+    to_hash, to_i64, to_schema_version, to_stream_id, to_u64,
 };
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions, advance};
@@ -286,6 +286,16 @@ pub(crate) async fn read_head(connection: &mut PgConnection) -> Result<Head, sql
     })
 }
 
+/// A row of [`LIST_STREAMS`].
+pub(crate) fn stream_from_row(row: &PgRow) -> Result<StreamInfo, sqlx::Error> {
+    Ok(StreamInfo {
+        stream_id: to_stream_id(row.try_get(0)?)?,
+        category: row.try_get(1)?,
+        version: to_u64(row.try_get(2)?, "version")?,
+        created_at: row.try_get(3)?,
+    })
+}
+
 pub(crate) fn event_from_row(row: &PgRow) -> Result<RecordedEvent, sqlx::Error> {
     Ok(RecordedEvent {
         position: to_u64(row.try_get(0)?, "position")?,
@@ -313,9 +323,12 @@ impl EventStore for PgStore {
         from_version: StreamVersion,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let Some(from_version) = lower_bound(from_version) else {
+            return Ok(Vec::new());
+        };
         sqlx::query(READ_STREAM)
             .bind(stream.as_str())
-            .bind(to_i64(from_version))
+            .bind(from_version)
             .bind(limit_param(limit))
             .try_map(|row: PgRow| event_from_row(&row))
             .fetch_all(&self.inner.readers)
@@ -328,9 +341,12 @@ impl EventStore for PgStore {
         from: Position,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let Some(from) = lower_bound(from) else {
+            return Ok(Vec::new());
+        };
         let mut events = Vec::with_capacity(limit.min(4096));
         let mut rows = sqlx::query(READ_ALL)
-            .bind(to_i64(from))
+            .bind(from)
             .bind(limit_param(limit))
             .fetch(&self.inner.readers);
         while let Some(row) = rows
@@ -372,14 +388,7 @@ impl EventStore for PgStore {
         sqlx::query(LIST_STREAMS)
             .bind(after.map_or("", StreamId::as_str))
             .bind(limit_param(limit))
-            .try_map(|row: PgRow| {
-                Ok(StreamInfo {
-                    stream_id: to_stream_id(row.try_get(0)?)?,
-                    category: row.try_get(1)?,
-                    version: to_u64(row.try_get(2)?, "version")?,
-                    created_at: row.try_get(3)?,
-                })
-            })
+            .try_map(|row: PgRow| stream_from_row(&row))
             .fetch_all(&self.inner.readers)
             .await
             .map_err(|e| classify("listing streams", e))

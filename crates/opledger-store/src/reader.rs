@@ -3,8 +3,12 @@
 //! [`LedgerReader`] runs no migration, starts no writer and never writes: a SQLite ledger is
 //! opened read-only (its file is left byte for byte as it was, even its write-ahead log is never
 //! checkpointed by us), a PostgreSQL one with `default_transaction_read_only`. So an auditor can
-//! point it at a live ledger, a copy, or a standby, and reading cannot change what is read.
+//! point it at a live ledger, a copy, or a standby, and reading cannot change what is read; and
+//! the commands that only read (`opledger events`, `ops`, …) never create a ledger at a mistyped
+//! path nor migrate someone else's database: it opens only an existing opledger ledger whose
+//! schema this binary knows.
 
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -16,9 +20,14 @@ use sqlx::{ConnectOptions, Row};
 use tokio::sync::mpsc;
 
 use crate::any::ReadPool;
-use crate::columns::{POSITION_TIME, READ_HEAD, READ_RANGE, READ_STREAM, limit_param, to_i64};
+use crate::columns::{
+    LIST_STREAMS, POSITION_TIME, READ_HEAD, READ_RANGE, READ_STREAM, limit_param, lower_bound,
+    to_i64,
+};
 use crate::error::{OpenError, StoreError};
-use crate::model::{Head, Position, RecordedEvent, StreamId, StreamVersion, micros_to_datetime};
+use crate::model::{
+    Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion, micros_to_datetime,
+};
 use crate::{postgres, sqlite};
 
 /// How long to wait for a connection or a busy SQLite file.
@@ -57,15 +66,41 @@ impl LedgerReader {
                     reason: "an in-memory database holds no ledger".into(),
                 });
             }
-            let connect = SqliteConnectOptions::from_str(url)
-                .map_err(|e| OpenError::BadUrl {
-                    reason: e.to_string(),
-                })?
+            let connect = SqliteConnectOptions::from_str(url).map_err(|e| OpenError::BadUrl {
+                reason: e.to_string(),
+            })?;
+            // Said before SQLite's own "unable to open database file", which names nothing.
+            let path = connect.get_filename();
+            if !path.exists() {
+                return Err(OpenError::Missing {
+                    path: path.to_owned(),
+                });
+            }
+            let mut wal = path.as_os_str().to_owned();
+            wal.push("-wal");
+            let wal = Path::new(&wal).exists();
+            let connect = connect
                 .read_only(true)
                 .create_if_missing(false)
                 .busy_timeout(WAIT)
                 // A scan of the whole ledger is one long statement by design, not a slow one.
                 .disable_statement_logging();
+            if !wal {
+                // Without a write-ahead log beside it, the file alone holds every commit: check
+                // it on an immutable connection first, which creates no file, so that a
+                // database that is no ledger of ours is refused before a read-only connection
+                // to a WAL-mode file leaves `-wal` and `-shm` files beside it.
+                let probe = SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(WAIT)
+                    .connect_with(connect.clone().immutable(true))
+                    .await
+                    .map_err(sqlite::open_error)?;
+                let probe = LedgerReader::Sqlite(probe);
+                let checked = probe.check().await;
+                probe.close().await;
+                checked?;
+            }
             let pool = SqlitePoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(WAIT)
@@ -79,12 +114,49 @@ impl LedgerReader {
                 reason: format!("unsupported scheme `{scheme}`"),
             });
         };
-        // A database without the ledger's tables is not a ledger (a wrong path or name).
-        reader
-            .head_sql()
-            .await
-            .map_err(|source| OpenError::NotALedger { source })?;
+        reader.check().await?;
         Ok(reader)
+    }
+
+    /// Refuses a database without the ledger's tables (a wrong path or name), and a ledger that
+    /// a newer opledger migrated: its tables may mean something this binary does not know (the
+    /// writers' open refuses it the same way).
+    async fn check(&self) -> Result<(), OpenError> {
+        const NEWEST: &str = "SELECT max(version) FROM _sqlx_migrations";
+        // A SQLite ledger in WAL mode also needs its shared-memory file, which a read-only
+        // directory may not let SQLite create: that is said as such.
+        self.head_sql().await.map_err(|source| match self {
+            LedgerReader::Sqlite(_) => match sqlite::open_error(source) {
+                OpenError::Unreachable { source } => OpenError::NotALedger { source },
+                other => other,
+            },
+            LedgerReader::Postgres(_) => OpenError::NotALedger { source },
+        })?;
+        let (found, migrator) = match self {
+            LedgerReader::Sqlite(pool) => (
+                sqlx::query_scalar(NEWEST).fetch_one(pool).await,
+                &sqlite::MIGRATOR,
+            ),
+            LedgerReader::Postgres(pool) => (
+                sqlx::query_scalar(NEWEST).fetch_one(pool).await,
+                &postgres::MIGRATOR,
+            ),
+        };
+        let found: Option<i64> = found.map_err(|source| OpenError::NotALedger { source })?;
+        let known = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+        match found {
+            Some(found) if found > known => Err(OpenError::SchemaTooNew { found, known }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The ledger's file, for a SQLite ledger: callers that write files beside it (replays)
+    /// must never write onto it or its journal.
+    pub fn sqlite_file(&self) -> Option<PathBuf> {
+        match self {
+            LedgerReader::Sqlite(pool) => Some(pool.connect_options().get_filename().to_owned()),
+            LedgerReader::Postgres(_) => None,
+        }
     }
 
     /// The pool, for read models that live in the ledger's database (`operation_status`).
@@ -139,11 +211,10 @@ impl LedgerReader {
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let classify = |e| self.classify("reading events", e);
-        let (from, to, limit) = (
-            to_i64(from),
-            to_i64(to.min(i64::MAX as u64)),
-            limit_param(limit),
-        );
+        let Some(from) = lower_bound(from) else {
+            return Ok(Vec::new());
+        };
+        let (to, limit) = (to_i64(to.min(i64::MAX as u64)), limit_param(limit));
         let mut events = Vec::new();
         match self {
             LedgerReader::Sqlite(pool) => {
@@ -222,10 +293,13 @@ impl LedgerReader {
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let classify = |e| self.classify("reading a stream", e);
+        let Some(from_version) = lower_bound(from_version) else {
+            return Ok(Vec::new());
+        };
         match self {
             LedgerReader::Sqlite(pool) => sqlx::query(READ_STREAM)
                 .bind(stream.as_str())
-                .bind(to_i64(from_version))
+                .bind(from_version)
                 .bind(limit_param(limit))
                 .try_map(|row: SqliteRow| sqlite::event_from_row(&row))
                 .fetch_all(pool)
@@ -233,9 +307,35 @@ impl LedgerReader {
                 .map_err(classify),
             LedgerReader::Postgres(pool) => sqlx::query(READ_STREAM)
                 .bind(stream.as_str())
-                .bind(to_i64(from_version))
+                .bind(from_version)
                 .bind(limit_param(limit))
                 .try_map(|row: PgRow| postgres::event_from_row(&row))
+                .fetch_all(pool)
+                .await
+                .map_err(classify),
+        }
+    }
+
+    /// Streams in id order, starting after `after`, at most `limit`.
+    pub async fn list_streams(
+        &self,
+        after: Option<&StreamId>,
+        limit: usize,
+    ) -> Result<Vec<StreamInfo>, StoreError> {
+        let classify = |e| self.classify("listing streams", e);
+        let after = after.map_or("", StreamId::as_str);
+        match self {
+            LedgerReader::Sqlite(pool) => sqlx::query(LIST_STREAMS)
+                .bind(after)
+                .bind(limit_param(limit))
+                .try_map(|row: SqliteRow| sqlite::stream_from_row(&row))
+                .fetch_all(pool)
+                .await
+                .map_err(classify),
+            LedgerReader::Postgres(pool) => sqlx::query(LIST_STREAMS)
+                .bind(after)
+                .bind(limit_param(limit))
+                .try_map(|row: PgRow| postgres::stream_from_row(&row))
                 .fetch_all(pool)
                 .await
                 .map_err(classify),
@@ -248,9 +348,12 @@ impl LedgerReader {
         position: Position,
     ) -> Result<Option<(Position, DateTime<Utc>)>, StoreError> {
         let classify = |e| self.classify("reading when an event was recorded", e);
+        let Some(position) = lower_bound(position) else {
+            return Ok(None);
+        };
         let row = match self {
             LedgerReader::Sqlite(pool) => sqlx::query(POSITION_TIME)
-                .bind(to_i64(position))
+                .bind(position)
                 .try_map(|row: SqliteRow| {
                     Ok((
                         row.try_get::<i64, _>(0)?,
@@ -261,7 +364,7 @@ impl LedgerReader {
                 .await
                 .map_err(classify)?,
             LedgerReader::Postgres(pool) => sqlx::query(POSITION_TIME)
-                .bind(to_i64(position))
+                .bind(position)
                 .try_map(|row: PgRow| Ok((row.try_get::<i64, _>(0)?, row.try_get(1)?)))
                 .fetch_optional(pool)
                 .await

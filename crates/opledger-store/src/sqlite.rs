@@ -19,8 +19,8 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 
 use crate::batch::{Plan, Sealed};
 use crate::columns::{
-    LIST_STREAMS, READ_ALL, READ_HEAD, READ_STREAM, STREAM_VERSION, limit_param, to_hash, to_i64,
-    to_schema_version, to_stream_id, to_u64,
+    LIST_STREAMS, READ_ALL, READ_HEAD, READ_STREAM, STREAM_VERSION, limit_param, lower_bound,
+    to_hash, to_i64, to_schema_version, to_stream_id, to_u64,
 };
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions};
@@ -309,6 +309,16 @@ pub(crate) fn head_from_row(row: &SqliteRow) -> Result<Head, sqlx::Error> {
     })
 }
 
+/// A row of [`LIST_STREAMS`].
+pub(crate) fn stream_from_row(row: &SqliteRow) -> Result<StreamInfo, sqlx::Error> {
+    Ok(StreamInfo {
+        stream_id: to_stream_id(row.try_get(0)?)?,
+        category: row.try_get(1)?,
+        version: to_u64(row.try_get(2)?, "version")?,
+        created_at: micros_to_datetime(row.try_get(3)?),
+    })
+}
+
 pub(crate) fn event_from_row(row: &SqliteRow) -> Result<RecordedEvent, sqlx::Error> {
     let event_id: Vec<u8> = row.try_get(3)?;
     Ok(RecordedEvent {
@@ -340,9 +350,12 @@ impl EventStore for SqliteStore {
         from_version: StreamVersion,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let Some(from_version) = lower_bound(from_version) else {
+            return Ok(Vec::new());
+        };
         sqlx::query(READ_STREAM)
             .bind(stream.as_str())
-            .bind(to_i64(from_version))
+            .bind(from_version)
             .bind(limit_param(limit))
             .try_map(|row: SqliteRow| event_from_row(&row))
             .fetch_all(&self.inner.readers)
@@ -355,9 +368,12 @@ impl EventStore for SqliteStore {
         from: Position,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let Some(from) = lower_bound(from) else {
+            return Ok(Vec::new());
+        };
         let mut events = Vec::with_capacity(limit.min(4096));
         let mut rows = sqlx::query(READ_ALL)
-            .bind(to_i64(from))
+            .bind(from)
             .bind(limit_param(limit))
             .fetch(&self.inner.readers);
         while let Some(row) = rows
@@ -402,14 +418,7 @@ impl EventStore for SqliteStore {
         sqlx::query(LIST_STREAMS)
             .bind(after.map_or("", StreamId::as_str))
             .bind(limit_param(limit))
-            .try_map(|row: SqliteRow| {
-                Ok(StreamInfo {
-                    stream_id: to_stream_id(row.try_get(0)?)?,
-                    category: row.try_get(1)?,
-                    version: to_u64(row.try_get(2)?, "version")?,
-                    created_at: micros_to_datetime(row.try_get(3)?),
-                })
-            })
+            .try_map(|row: SqliteRow| stream_from_row(&row))
             .fetch_all(&self.inner.readers)
             .await
             .map_err(|e| classify("listing streams", e))

@@ -11,7 +11,7 @@ use opledger_domain::operation::{OperationCommand, ReconcileOutcome, Reconciled,
 use opledger_domain::{Causation, EventMetadata, Rejection};
 use opledger_ledger::{Ledger, LedgerError, Undecided, UnitError};
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow, ReadError};
-use opledger_store::{AnyStore, StoreError, StreamId};
+use opledger_store::{AnyStore, ReadPool, StoreError, StreamId};
 use serde::Serialize;
 
 use crate::handle::{View, stage};
@@ -276,9 +276,9 @@ impl Waiting {
 }
 
 /// The operations in `needs_reconciliation`, at most `limit`, most recently changed first, with
-/// their age at `now`.
+/// their age at `now`, read from `pool` (the store's reader, or a read-only `LedgerReader`'s).
 pub async fn list(
-    store: &AnyStore,
+    pool: ReadPool<'_>,
     now: DateTime<Utc>,
     limit: u32,
 ) -> Result<Vec<Waiting>, ReconcileError> {
@@ -287,7 +287,7 @@ pub async fn list(
         limit,
         ..Filter::default()
     };
-    let rows = operation_status::list(store.reader(), &filter).await?;
+    let rows = operation_status::list(pool, &filter).await?;
     Ok(rows.into_iter().map(|row| Waiting::new(row, now)).collect())
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use opledger_store::{
     AppendRequest, Appended, EventStore, ExpectedVersion, GroupCommitOptions, InvalidRequest,
-    NewEvent, RecordedEvent, StoreError, StreamId, Tail, verify::Verifier,
+    LedgerReader, NewEvent, RecordedEvent, StoreError, StreamId, Tail, verify::Verifier,
 };
 
 /// What the suite needs from a backend.
@@ -56,6 +56,7 @@ macro_rules! conformance_suite {
             killed_writer_process_leaves_no_partial_append_and_no_gap,
             concurrent_processes_share_one_gapless_ledger,
             reads_page_by_position_and_by_version,
+            reads_beyond_the_largest_column_value_find_nothing,
             invalid_requests_write_nothing,
             subscription_wakes_on_new_events,
             recorded_at_comes_from_the_database_and_never_decreases,
@@ -779,6 +780,52 @@ pub(crate) async fn reads_page_by_position_and_by_version<B: Backend>(backend: &
             .unwrap()
             .is_empty()
     );
+    B::close(store).await;
+}
+
+/// Positions and versions are `u64` in the model and signed 64-bit integers in both databases: a
+/// read from beyond `i64::MAX` (a client's `from_version`, `opledger events --from`) finds no
+/// event, as a read beyond the head does, and is not an error.
+pub(crate) async fn reads_beyond_the_largest_column_value_find_nothing<B: Backend>(backend: &B) {
+    let store = backend.open(GroupCommitOptions::default()).await;
+    append_one(&store, "op-far", ExpectedVersion::NoStream, 3)
+        .await
+        .unwrap();
+    let reader = LedgerReader::open(&backend.url())
+        .await
+        .expect("open read-only");
+    let beyond = [1u64 << 63, (1u64 << 63) + 1, u64::MAX];
+    for from in beyond {
+        assert!(store.read_all(from, 10).await.unwrap().is_empty(), "{from}");
+        let far = store.read_stream(&stream("op-far"), from, 10).await;
+        assert!(far.unwrap().is_empty(), "{from}");
+        assert!(
+            reader.read_all(from, 10).await.unwrap().is_empty(),
+            "{from}"
+        );
+        assert!(
+            reader
+                .read_range(from, u64::MAX, 10)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{from}"
+        );
+        let far = reader.read_stream(&stream("op-far"), from, 10).await;
+        assert!(far.unwrap().is_empty(), "{from}");
+    }
+    // The largest value the columns hold is an ordinary bound.
+    let last = i64::MAX as u64;
+    assert!(store.read_all(last, 10).await.unwrap().is_empty());
+    assert_eq!(reader.read_range(1, u64::MAX, 10).await.unwrap().len(), 3);
+    assert_eq!(
+        reader
+            .last_position_at(chrono::Utc::now(), u64::MAX)
+            .await
+            .unwrap(),
+        3
+    );
+    reader.close().await;
     B::close(store).await;
 }
 

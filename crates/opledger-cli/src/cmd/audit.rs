@@ -15,13 +15,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use opledger_audit::{Checkpoint, ExportOptions, Format, Report};
 use opledger_server::SystemClock;
-use opledger_store::LedgerReader;
 
 use crate::BadUsage;
-use crate::database::redact;
+use crate::database::{open_reader, redact};
 use crate::output::{Output, peak_rss_bytes, timestamp};
 
 #[derive(Debug, clap::Subcommand)]
@@ -69,13 +67,6 @@ pub(crate) struct VerifyArgs {
     /// no database.
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
-}
-
-/// Opens the ledger at `url` read-only: auditing never changes what it audits.
-pub(crate) async fn open_reader(url: &str) -> anyhow::Result<LedgerReader> {
-    LedgerReader::open(url)
-        .await
-        .with_context(|| format!("cannot open the ledger at {}", redact(url)))
 }
 
 /// Prints a verification's report, then ends with its verdict: a broken link is an error

@@ -1,7 +1,7 @@
 //! `opledger events`: print the ledger's events in global order, or one stream's events.
 
 use anyhow::Context;
-use opledger_store::{EventStore, RecordedEvent, StreamId};
+use opledger_store::{RecordedEvent, StreamId};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -52,7 +52,7 @@ impl Events {
             .map(StreamId::new)
             .transpose()
             .context("invalid --stream")?;
-        let store = database::open(url).await?;
+        let store = database::open_reader(url).await?;
         let mut out = Output::stdout();
         if !self.json {
             out.line(format_args!(

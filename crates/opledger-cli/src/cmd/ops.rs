@@ -37,9 +37,9 @@ const STATES: &[&str] = &[
 
 impl Ops {
     pub(crate) async fn run(self, url: &str) -> anyhow::Result<()> {
-        let store = database::open(url).await?;
+        let store = database::open_reader(url).await?;
         let rows = operation_status::list(
-            store.reader(),
+            store.pool(),
             &Filter {
                 status: self.state.clone(),
                 bot: self.bot.clone(),

@@ -10,7 +10,7 @@ use clap::builder::PossibleValuesParser;
 use opledger_projections::rebuild::{self, Phase, Progress, RebuildOptions};
 use opledger_projections::registry::{self, ProjectionStatus};
 use opledger_projections::{Backend, Projection, definition_hash};
-use opledger_store::{AnyStore, EventStore, ReadPool, StreamId};
+use opledger_store::{AnyStore, LedgerReader, ReadPool, StreamId};
 
 use crate::cmd::serve::runner_id;
 use crate::database;
@@ -54,38 +54,43 @@ fn names() -> Vec<&'static str> {
 }
 
 impl Projections {
+    /// Listing opens the ledger read-only; rebuilding writes, so it may create and migrate.
     pub(crate) async fn run(self, url: &str) -> anyhow::Result<()> {
-        let store = database::open(url).await?;
-        let result = match self {
-            Projections::List { json } => list(&store, json).await,
+        match self {
+            Projections::List { json } => {
+                let reader = database::open_reader(url).await?;
+                let result = list(&reader, json).await;
+                reader.close().await;
+                result
+            }
             Projections::Rebuild {
                 name,
-                stream: Some(stream),
-                json,
-                ..
-            } => rebuild_stream(&store, &name, &stream, json).await,
-            Projections::Rebuild {
-                name,
-                stream: None,
+                stream,
                 json,
                 page_size,
-            } => rebuild(&store, &name, json, page_size.max(1)).await,
-        };
-        store.close().await;
-        result
+            } => {
+                let store = database::open(url).await?;
+                let result = match stream {
+                    Some(stream) => rebuild_stream(&store, &name, &stream, json).await,
+                    None => rebuild(&store, &name, json, page_size.max(1)).await,
+                };
+                store.close().await;
+                result
+            }
+        }
     }
 }
 
-async fn list(store: &AnyStore, json: bool) -> anyhow::Result<()> {
-    let mut rows = registry::list(store)
+async fn list(reader: &LedgerReader, json: bool) -> anyhow::Result<()> {
+    let mut rows = registry::list_in(reader.pool())
         .await
         .context("cannot list the projections")?;
     // Built-in read models not registered yet (no `opledger serve` ran since they were added).
-    let backend = match store.reader() {
+    let backend = match reader.pool() {
         ReadPool::Sqlite(_) => Backend::Sqlite,
         ReadPool::Postgres(_) => Backend::Postgres,
     };
-    let head = store.head().await?.position;
+    let head = reader.head().await?.position;
     for projection in opledger_projections::builtin() {
         if rows.iter().any(|r| r.name == projection.name()) {
             continue;

@@ -4,6 +4,7 @@
 use chrono::TimeDelta;
 use opledger_domain::operation::{ReconcileOutcome, Reconciled};
 use opledger_server::{Clock, SystemClock};
+use opledger_store::LedgerReader;
 use opledger_worker::reconcile::{self, Waiting, outcome_name};
 
 use crate::database;
@@ -65,10 +66,15 @@ impl From<Outcome> for ReconcileOutcome {
 }
 
 impl Reconcile {
+    /// Listing opens the ledger read-only; resolving writes, so it may create and migrate.
     pub(crate) async fn run(self, url: &str) -> anyhow::Result<()> {
-        let store = database::open(url).await?;
-        let result = match self {
-            Reconcile::List { limit, json } => list(&store, limit, json).await,
+        match self {
+            Reconcile::List { limit, json } => {
+                let reader = database::open_reader(url).await?;
+                let result = list(&reader, limit, json).await;
+                reader.close().await;
+                result
+            }
             Reconcile::Resolve {
                 operation_id,
                 outcome,
@@ -82,16 +88,17 @@ impl Reconcile {
                     operator,
                     note,
                 };
-                resolve(&store, &operation_id, decision).await
+                let store = database::open(url).await?;
+                let result = resolve(&store, &operation_id, decision).await;
+                store.close().await;
+                result
             }
-        };
-        store.close().await;
-        result
+        }
     }
 }
 
-async fn list(store: &opledger_store::AnyStore, limit: u32, json: bool) -> anyhow::Result<()> {
-    let waiting = reconcile::list(store, SystemClock.now(), limit).await?;
+async fn list(reader: &LedgerReader, limit: u32, json: bool) -> anyhow::Result<()> {
+    let waiting = reconcile::list(reader.pool(), SystemClock.now(), limit).await?;
     let mut out = Output::stdout();
     if !json {
         out.line(format_args!(

@@ -3,20 +3,21 @@
 //!
 //! A time means the last event recorded at or before it. The live ledger is opened read-only
 //! and never touched; the file is built beside its final name and renamed into place once
-//! complete, so a failed replay leaves nothing half-built.
+//! complete, so a failed replay leaves nothing half-built. It never goes onto the ledger itself
+//! (by whatever path), its journal files, another ledger or a file no replay made.
 
 use std::io::IsTerminal;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
-use opledger_projections::replay::{self, ReplayInfo};
+use opledger_projections::replay::{self, Existing, ReplayInfo};
 use opledger_server::{Clock, SystemClock};
 use opledger_store::{LedgerReader, Position};
 
 use crate::BadUsage;
-use crate::cmd::audit::open_reader;
-use crate::database::redact;
+use crate::database::{open_reader, redact};
 use crate::output::{Output, timestamp};
 
 #[derive(Debug, clap::Args)]
@@ -28,7 +29,7 @@ pub(crate) struct Replay {
     /// The SQLite file to build [default: replay-<position>.db in the current directory].
     #[arg(long, value_name = "FILE.db")]
     into: Option<PathBuf>,
-    /// Replace the file if it exists.
+    /// Replace the file if an earlier replay made it (never a ledger or another file).
     #[arg(long)]
     force: bool,
 }
@@ -66,13 +67,8 @@ impl Replay {
             .into
             .clone()
             .unwrap_or_else(|| PathBuf::from(format!("replay-{position}.db")));
-        if into.exists() && !self.force {
-            bail!(
-                "{} exists; choose another file with --into, or pass --force to replace it",
-                into.display()
-            );
-        }
         let partial = partial_path(&into);
+        check_target(reader.sqlite_file().as_deref(), &into, &partial, self.force).await?;
         remove_if_present(&partial)?;
         let info = ReplayInfo {
             requested: match &self.until {
@@ -167,6 +163,97 @@ impl Replay {
             },
         }
     }
+}
+
+/// Refuses to build where a replay must never write: onto the ledger being replayed (by any
+/// path: another spelling, a hard or symbolic link) or its journal files, onto any opledger
+/// ledger, or onto a file an earlier replay did not make; `--force` replaces only an earlier
+/// replay. `partial` is checked too, since a leftover there is removed.
+async fn check_target(
+    ledger: Option<&Path>,
+    into: &Path,
+    partial: &Path,
+    force: bool,
+) -> anyhow::Result<()> {
+    let choose = "choose another file with --into";
+    if let Some(ledger) = ledger {
+        for path in [into, partial] {
+            if is_ledger_file(ledger, path) {
+                return Err(BadUsage(format!(
+                    "{} is the ledger being replayed or one of its journal files: a replay never \
+                     writes over its ledger, even with --force; {choose}",
+                    path.display()
+                ))
+                .into());
+            }
+        }
+    }
+    let refused = |what: String| Err(BadUsage(format!("{what}; {choose}")).into());
+    match replay::inspect(into).await {
+        Existing::Absent => {}
+        Existing::Replay if force => {}
+        Existing::Replay => bail!(
+            "{} exists; choose another file with --into, or pass --force to replace it",
+            into.display()
+        ),
+        Existing::Ledger => {
+            return refused(format!(
+                "{} holds an opledger ledger: a replay never overwrites a ledger, even with \
+                 --force",
+                into.display()
+            ));
+        }
+        Existing::Other => {
+            return refused(format!(
+                "{} exists and is not a replay: --force replaces only a file an earlier replay \
+                 made",
+                into.display()
+            ));
+        }
+    }
+    match replay::inspect(partial).await {
+        Existing::Absent | Existing::Replay => Ok(()),
+        Existing::Ledger | Existing::Other => refused(format!(
+            "{} is in the way (the replay is built there first, and it is not what an earlier \
+             replay left): move it away",
+            partial.display()
+        )),
+    }
+}
+
+/// Whether writing `path` would write the SQLite ledger at `ledger`, or its write-ahead log,
+/// shared memory or rollback journal: the same file by another path (after resolving `.`, `..`
+/// and symbolic links), or a hard link to one of them.
+fn is_ledger_file(ledger: &Path, path: &Path) -> bool {
+    let Ok(ledger) = std::fs::canonicalize(ledger) else {
+        return false;
+    };
+    let files: Vec<PathBuf> = ["", "-wal", "-shm", "-journal"]
+        .iter()
+        .map(|suffix| {
+            let mut name = ledger.as_os_str().to_owned();
+            name.push(suffix);
+            PathBuf::from(name)
+        })
+        .collect();
+    let resolved = std::fs::canonicalize(path).ok().or_else(|| {
+        // Not there yet: where it would be created.
+        let parent = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(parent).ok()?.join(path.file_name()?))
+    });
+    if resolved.is_some_and(|resolved| files.contains(&resolved)) {
+        return true;
+    }
+    let Ok(target) = std::fs::metadata(path) else {
+        return false;
+    };
+    files.iter().any(|file| {
+        std::fs::metadata(file)
+            .is_ok_and(|file| (file.dev(), file.ino()) == (target.dev(), target.ino()))
+    })
 }
 
 /// Where the file is built before it is renamed into place: beside it, so the rename is atomic.

@@ -1,6 +1,6 @@
 //! `opledger streams`: list streams with their versions, in id order.
 
-use opledger_store::{EventStore, StreamId};
+use opledger_store::StreamId;
 use serde::Serialize;
 
 use crate::database;
@@ -31,7 +31,7 @@ struct StreamLine<'a> {
 
 impl Streams {
     pub(crate) async fn run(self, url: &str) -> anyhow::Result<()> {
-        let store = database::open(url).await?;
+        let store = database::open_reader(url).await?;
         let mut out = Output::stdout();
         if !self.json {
             out.line(format_args!(

@@ -13,7 +13,7 @@ use opledger_store::{LedgerReader, RecordedEvent, StreamId};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::cmd::audit::open_reader;
+use crate::database::open_reader;
 use crate::output::{Output, timestamp};
 
 #[derive(Debug, clap::Args)]

@@ -5,7 +5,7 @@ use anyhow::Context;
 use opledger_config::{BotConfig, BotMode, Config};
 use opledger_telegram::{BotApi, SetWebhook};
 
-use crate::output::timestamp;
+use crate::output::{escape, timestamp};
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Webhook {
@@ -91,12 +91,13 @@ impl Webhook {
                 } else {
                     info.url.as_str()
                 };
-                println!("url: {url}");
+                // Telegram's answer is text from outside: escaped like every listing.
+                println!("url: {}", escape(url));
                 println!("pending_update_count: {}", info.pending_update_count);
                 if let Some(at) = info.last_error_date {
                     println!(
                         "last_error: {} at {}",
-                        info.last_error_message.as_deref().unwrap_or("(no message)"),
+                        escape(info.last_error_message.as_deref().unwrap_or("(no message)")),
                         timestamp(at)
                     );
                 } else {
@@ -106,7 +107,7 @@ impl Webhook {
                     println!("max_connections: {max}");
                 }
                 if let Some(allowed) = &info.allowed_updates {
-                    println!("allowed_updates: {}", allowed.join(", "));
+                    println!("allowed_updates: {}", escape(&allowed.join(", ")));
                 }
                 Ok(())
             }
