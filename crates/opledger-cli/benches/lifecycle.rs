@@ -40,7 +40,7 @@ use axum::routing::post;
 use opledger_config::Config;
 use opledger_projections::operation_status::{self, Filter};
 use opledger_server::{Intake, Recorded, Route, SystemClock};
-use opledger_store::{AnyOptions, AnyStore, ReadPool};
+use opledger_store::{AnyOptions, AnyStore, ReadPool, either};
 use opledger_worker::{Worker, WorkerOptions};
 use sqlx::{ConnectOptions, Connection, Executor};
 
@@ -184,11 +184,8 @@ fn config(service: SocketAddr) -> Config {
 
 /// `SELECT <key>, count(*) … GROUP BY <key>` on the ledger's read pool.
 async fn counts(pool: ReadPool<'_>, sql: &'static str) -> BTreeMap<String, i64> {
-    let rows: Vec<(String, i64)> = match pool {
-        ReadPool::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await,
-        ReadPool::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await,
-    }
-    .expect("count rows");
+    let rows: Vec<(String, i64)> =
+        either!(pool, p => sqlx::query_as(sql).fetch_all(p).await).expect("count rows");
     rows.into_iter().collect()
 }
 
@@ -210,11 +207,8 @@ async fn event_types(store: &AnyStore) -> BTreeMap<String, i64> {
 
 async fn confirmed(store: &AnyStore) -> i64 {
     let sql = "SELECT count(*) FROM operation_status WHERE status = 'confirmed'";
-    match store.reader() {
-        ReadPool::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
-        ReadPool::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
-    }
-    .expect("count confirmed operations")
+    either!(store.reader(), p => sqlx::query_scalar(sql).fetch_one(p).await)
+        .expect("count confirmed operations")
 }
 
 struct Measured {

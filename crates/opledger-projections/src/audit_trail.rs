@@ -25,16 +25,16 @@ use opledger_domain::quarantine::QuarantineEvent;
 use opledger_domain::{
     CallbackTokenEvent, Causation, DeliveryEvent, DomainEvent, EventMetadata, RepeatGuardEvent,
 };
-use opledger_store::ReadPool;
 use opledger_store::chain::Link;
 use opledger_store::inline::ProjectionError;
+use opledger_store::{EitherRow, ReadPool, Time, either};
 use serde::Serialize;
-use sqlx::{PgConnection, Row, SqliteConnection};
+use sqlx::{PgConnection, SqliteConnection};
 
-use crate::projection::{Conn, Projection, Schema, in_category, on_conn};
+use crate::projection::{Conn, Projection, Schema, in_category};
 use crate::rows::{
-    self, CopyText, SQLITE_PARAMETERS, SQLITE_ROWS_PER_STATEMENT, TimeColumn, category,
-    kept_prepared, read_error, required_time, signed, sqlite_values,
+    self, CopyText, SQLITE_PARAMETERS, SQLITE_ROWS_PER_STATEMENT, category, kept_prepared,
+    read_error, signed, sqlite_values,
 };
 
 pub use crate::rows::ReadError;
@@ -84,6 +84,7 @@ impl Projection for AuditTrail {
             if events.is_empty() {
                 return Ok(());
             }
+            // Rows are loaded the fastest way each backend has (see the module documentation).
             match conn {
                 Conn::Sqlite(c) => apply_sqlite(c, table, events).await,
                 Conn::Postgres(c) => apply_postgres(c, table, events).await,
@@ -105,7 +106,7 @@ impl Projection for AuditTrail {
                 format!("DELETE FROM \"{table}\" WHERE operation_id = $2 AND stream_id = $1");
             let by_stream = format!("DELETE FROM \"{table}\" WHERE stream_id = $1 AND $2 IS NULL");
             let streams = format!("DELETE FROM \"{table}_streams\" WHERE stream_id = $1");
-            on_conn!(conn, c => {
+            either!(conn, c => {
                 let operation: Option<Option<String>> =
                     sqlx::query_scalar(sqlx::AssertSqlSafe(lookup))
                         .bind(stream)
@@ -603,14 +604,7 @@ const STREAM_COLUMNS: &str = "stream_id, operation_id, bot, user_id, chat_id";
 const STREAM_UPDATES: &str = "operation_id = excluded.operation_id, bot = excluded.bot, \
      user_id = excluded.user_id, chat_id = excluded.chat_id";
 
-fn decode_context<R>(row: &R) -> Result<(String, StreamContext), sqlx::Error>
-where
-    R: Row,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+fn decode_context(row: &impl EitherRow) -> Result<(String, StreamContext), sqlx::Error> {
     Ok((
         row.try_get(0)?,
         StreamContext {
@@ -807,22 +801,14 @@ async fn apply_postgres(
     Ok(())
 }
 
-fn decode_entry<R>(row: &R) -> Result<AuditEntry, sqlx::Error>
-where
-    R: TimeColumn,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+fn decode_entry(row: &impl EitherRow) -> Result<AuditEntry, sqlx::Error> {
     let stream_id: String = row.try_get(2)?;
     Ok(AuditEntry {
-        position: rows::unsigned(row.try_get::<i64, _>(0)?, "position")?,
-        recorded_at: required_time(row, 1)?,
+        position: rows::unsigned(row.try_get::<i64>(0)?, "position")?,
+        recorded_at: row.try_get::<Time>(1)?.0,
         category: category(&stream_id).to_owned(),
         stream_id,
-        version: rows::unsigned(row.try_get::<i64, _>(3)?, "version")?,
+        version: rows::unsigned(row.try_get::<i64>(3)?, "version")?,
         event_type: row.try_get(4)?,
         operation_id: row.try_get(5)?,
         bot: row.try_get(6)?,
@@ -863,39 +849,20 @@ async fn select(
         "SELECT {COLUMNS} FROM \"{NAME}\" WHERE {condition} ORDER BY position LIMIT {limit_param}"
     );
     let limit = rows::limit(limit);
-    let error = read_error(NAME);
-    match pool {
-        ReadPool::Sqlite(pool) => {
-            let query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            let query = match filter {
-                Filter::Operation(id) => query.bind(id.to_owned()),
-                Filter::User(id) | Filter::Chat(id) => query.bind(id),
-                Filter::Between(from, until) => query
-                    .bind(from.timestamp_micros())
-                    .bind(until.timestamp_micros()),
-            };
-            query
-                .bind(limit)
-                .try_map(|row: sqlx::sqlite::SqliteRow| decode_entry(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(error)
-        }
-        ReadPool::Postgres(pool) => {
-            let query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            let query = match filter {
-                Filter::Operation(id) => query.bind(id.to_owned()),
-                Filter::User(id) | Filter::Chat(id) => query.bind(id),
-                Filter::Between(from, until) => query.bind(from).bind(until),
-            };
-            query
-                .bind(limit)
-                .try_map(|row: sqlx::postgres::PgRow| decode_entry(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(error)
-        }
-    }
+    either!(pool, p => {
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        let query = match filter {
+            Filter::Operation(id) => query.bind(id.to_owned()),
+            Filter::User(id) | Filter::Chat(id) => query.bind(id),
+            Filter::Between(from, until) => query.bind(Time(from)).bind(Time(until)),
+        };
+        query
+            .bind(limit)
+            .try_map(|row| decode_entry(&row))
+            .fetch_all(p)
+            .await
+    })
+    .map_err(read_error(NAME))
 }
 
 /// One operation's events and the events that name it (the updates that asked for it), oldest

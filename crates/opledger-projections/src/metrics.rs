@@ -14,14 +14,14 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use opledger_domain::DomainEvent;
 use opledger_domain::operation::{OperationEvent, ReconcileOutcome, Status};
-use opledger_store::ReadPool;
 use opledger_store::chain::Link;
 use opledger_store::inline::ProjectionError;
+use opledger_store::{Backend, EitherRow, ReadPool, Time, either};
 use serde::Serialize;
 use sqlx::{PgConnection, SqliteConnection};
 
 use crate::projection::{Conn, Projection, Schema};
-use crate::rows::{TimeColumn, category, read_error};
+use crate::rows::{category, read_error};
 
 pub use crate::rows::ReadError;
 
@@ -190,6 +190,7 @@ impl Projection for Metrics {
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
             let changes = changes(events)?;
+            // The counters and states are upserted in bulk, each backend its own way.
             match conn {
                 Conn::Sqlite(c) => apply_sqlite(c, table, &changes).await?,
                 Conn::Postgres(c) => apply_postgres(c, table, &changes).await?,
@@ -294,8 +295,12 @@ async fn apply_postgres(
 
 /// One statement, so that every number comes from the same moment: states counted, the
 /// counters, and the oldest waiting and claimed operations' `since`.
-/// `no_time` is a NULL of the time column's type (PostgreSQL types a bare NULL as text).
-fn snapshot_sql(no_time: &str) -> String {
+fn snapshot_sql(backend: Backend) -> String {
+    // A NULL of the time column's type (PostgreSQL types a bare NULL as text).
+    let no_time = match backend {
+        Backend::Sqlite => "NULL",
+        Backend::Postgres => "NULL::timestamptz",
+    };
     let ops = format!("\"{NAME}_ops\"");
     format!(
         "SELECT 'state', status, count(*), {no_time} FROM {ops} GROUP BY status \
@@ -315,18 +320,12 @@ struct Part {
     since: Option<DateTime<Utc>>,
 }
 
-fn decode_part<R>(row: &R) -> Result<Part, sqlx::Error>
-where
-    R: TimeColumn,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+fn decode_part(row: &impl EitherRow) -> Result<Part, sqlx::Error> {
     Ok(Part {
         kind: row.try_get(0)?,
         name: row.try_get(1)?,
         value: row.try_get(2)?,
-        since: row.time(3)?,
+        since: row.try_get::<Option<Time>>(3)?.map(|t| t.0),
     })
 }
 
@@ -335,21 +334,12 @@ pub async fn snapshot(
     pool: ReadPool<'_>,
     now: DateTime<Utc>,
 ) -> Result<MetricsSnapshot, ReadError> {
-    let error = read_error(NAME);
-    let parts = match pool {
-        ReadPool::Sqlite(pool) => sqlx::query(sqlx::AssertSqlSafe(snapshot_sql("NULL")))
-            .try_map(|row: sqlx::sqlite::SqliteRow| decode_part(&row))
-            .fetch_all(pool)
-            .await
-            .map_err(error)?,
-        ReadPool::Postgres(pool) => {
-            sqlx::query(sqlx::AssertSqlSafe(snapshot_sql("NULL::timestamptz")))
-                .try_map(|row: sqlx::postgres::PgRow| decode_part(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(error)?
-        }
-    };
+    let sql = snapshot_sql(pool.backend());
+    let parts = either!(pool, p => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .try_map(|row| decode_part(&row))
+        .fetch_all(p)
+        .await)
+    .map_err(read_error(NAME))?;
     let age = |since: DateTime<Utc>| {
         ((now - since).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6).max(0.0)
     };

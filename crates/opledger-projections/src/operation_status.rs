@@ -11,13 +11,13 @@ use chrono::{DateTime, TimeDelta, Utc};
 use futures_util::future::BoxFuture;
 use opledger_domain::operation::{OperationEvent, ReconcileOutcome, Status};
 use opledger_domain::{DomainEvent, Operation};
-use opledger_store::ReadPool;
 use opledger_store::chain::Link;
 use opledger_store::inline::{InlineProjection, ProjectionError};
+use opledger_store::{EitherRow, ReadPool, TextList, Time, either};
 use serde::Serialize;
-use sqlx::{Connection, PgConnection, Row, SqliteConnection};
+use sqlx::{Connection, PgConnection};
 
-use crate::projection::{Backend, Conn, Projection, Schema, on_conn};
+use crate::projection::{Backend, Conn, Projection, Schema};
 
 /// The SQLite schema (`projections/operation_status/sqlite.sql`).
 pub const SQLITE_SCHEMA: &str = include_str!("../../../projections/operation_status/sqlite.sql");
@@ -269,12 +269,6 @@ const COLUMNS: &str = "operation_id, stream_id, action, business_key, bot, chat_
      status, attempts, worker, lease_until, due_at, external_id, last_error, reply, \
      key_conflicts, created_at, updated_at, version, last_position";
 
-/// The same columns for reading on PostgreSQL, whose `integer` counters decode as 64-bit like
-/// SQLite's.
-const PG_COLUMNS: &str = "operation_id, stream_id, action, business_key, bot, chat_id, \
-     user_id, status, attempts::bigint, worker, lease_until, due_at, external_id, last_error, \
-     reply, key_conflicts::bigint, created_at, updated_at, version, last_position";
-
 /// The columns an upsert overwrites (all but the identity and creation ones).
 const UPDATED: &str = "status = excluded.status, attempts = excluded.attempts, \
      worker = excluded.worker, lease_until = excluded.lease_until, due_at = excluded.due_at, \
@@ -321,40 +315,8 @@ fn rows_json(rows: &[OperationStatusRow]) -> Result<String, serde_json::Error> {
     serde_json::to_string(&rows.iter().map(JsonRow).collect::<Vec<_>>())
 }
 
-/// Reads stored rows from either backend, decoding times the way each stores them.
-trait TimeColumn {
-    fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
-}
-
-impl TimeColumn for sqlx::sqlite::SqliteRow {
-    fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        let micros: Option<i64> = self.try_get(index)?;
-        Ok(micros.and_then(DateTime::from_timestamp_micros))
-    }
-}
-
-impl TimeColumn for sqlx::postgres::PgRow {
-    fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        self.try_get(index)
-    }
-}
-
-fn decode_row<R>(row: &R) -> Result<OperationStatusRow, sqlx::Error>
-where
-    R: Row + TimeColumn,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let required = |t: Option<DateTime<Utc>>, column: &'static str| {
-        t.ok_or_else(|| sqlx::Error::ColumnDecode {
-            index: column.into(),
-            source: "a required time is missing".into(),
-        })
-    };
-    let count = |value: i64, column: &'static str| {
+fn decode_row(row: &impl EitherRow) -> Result<OperationStatusRow, sqlx::Error> {
+    let count = |value: i32, column: &'static str| {
         u32::try_from(value).map_err(|e| sqlx::Error::ColumnDecode {
             index: column.into(),
             source: Box::new(e),
@@ -366,6 +328,7 @@ where
             source: Box::new(e),
         })
     };
+    let time = |time: Option<Time>| time.map(|t| t.0);
     Ok(OperationStatusRow {
         operation_id: row.try_get(0)?,
         stream_id: row.try_get(1)?,
@@ -375,27 +338,30 @@ where
         chat_id: row.try_get(5)?,
         user_id: row.try_get(6)?,
         status: row.try_get(7)?,
-        attempts: count(row.try_get::<i64, _>(8)?, "attempts")?,
+        attempts: count(row.try_get(8)?, "attempts")?,
         worker: row.try_get(9)?,
-        lease_until: row.time(10)?,
-        due_at: row.time(11)?,
+        lease_until: time(row.try_get(10)?),
+        due_at: time(row.try_get(11)?),
         external_id: row.try_get(12)?,
         last_error: row.try_get(13)?,
         reply: row.try_get(14)?,
-        key_conflicts: count(row.try_get::<i64, _>(15)?, "key_conflicts")?,
-        created_at: required(row.time(16)?, "created_at")?,
-        updated_at: required(row.time(17)?, "updated_at")?,
+        key_conflicts: count(row.try_get(15)?, "key_conflicts")?,
+        created_at: row.try_get::<Time>(16)?.0,
+        updated_at: row.try_get::<Time>(17)?.0,
         version: position(row.try_get(18)?, "version")?,
         last_position: position(row.try_get(19)?, "last_position")?,
     })
 }
 
-/// The statements that fold a batch into one version's table, per backend.
+/// The statements that fold a batch into one version's table: the rows a batch continues are
+/// read by one statement for both backends; they are written back by a bulk upsert of each
+/// backend's own (a JSON array expanded by `jsonb_each` on SQLite, one array per column expanded
+/// by `unnest` on PostgreSQL).
 #[derive(Debug)]
 struct Statements {
     sqlite_select: String,
-    sqlite_upsert: String,
     postgres_select: String,
+    sqlite_upsert: String,
     postgres_upsert: String,
 }
 
@@ -403,10 +369,13 @@ impl Statements {
     /// The statements for the table named `table` (`operation_status`, `operation_status@v2`).
     fn for_table(table: &str) -> Statements {
         let table = format!("\"{}\"", table.replace('"', "\"\""));
+        let select = |backend: Backend| {
+            let streams = backend.in_list("stream_id", "$1");
+            format!("SELECT {COLUMNS} FROM {table} WHERE {streams}")
+        };
         Statements {
-            sqlite_select: format!(
-                "SELECT {COLUMNS} FROM {table} WHERE stream_id IN (SELECT value FROM json_each($1))"
-            ),
+            sqlite_select: select(Backend::Sqlite),
+            postgres_select: select(Backend::Postgres),
             // SQLite keeps integers and microsecond times; the JSON array's elements map one to
             // one.
             sqlite_upsert: format!(
@@ -417,7 +386,6 @@ impl Statements {
                  value ->> 19 FROM jsonb_each($1) WHERE true \
                  ON CONFLICT (operation_id) DO UPDATE SET {UPDATED}"
             ),
-            postgres_select: format!("SELECT {PG_COLUMNS} FROM {table} WHERE stream_id = ANY($1)"),
             // One typed array per column: no JSON to build or parse.
             postgres_upsert: format!(
                 "INSERT INTO {table} ({COLUMNS}) SELECT * FROM unnest($1::text[], $2::text[], \
@@ -427,6 +395,13 @@ impl Statements {
                  $19::int8[], $20::int8[]) \
                  ON CONFLICT (operation_id) DO UPDATE SET {UPDATED}"
             ),
+        }
+    }
+
+    fn select(&self, backend: Backend) -> &str {
+        match backend {
+            Backend::Sqlite => &self.sqlite_select,
+            Backend::Postgres => &self.postgres_select,
         }
     }
 }
@@ -440,10 +415,10 @@ fn live() -> &'static Statements {
 /// The projection's name, also its live table's.
 pub const NAME: &str = "operation_status";
 
-/// Folds a batch into the table the statements name, on SQLite: reads the rows of the streams
-/// that do not start in the batch, folds, and writes every changed row in one statement.
-async fn apply_sqlite(
-    connection: &mut SqliteConnection,
+/// Folds a batch into the table the statements name: reads the rows of the streams that do not
+/// start in the batch, folds, and writes every changed row in one statement.
+async fn apply(
+    mut conn: Conn<'_>,
     statements: &Statements,
     events: &[Link<'_>],
 ) -> Result<(), ProjectionError> {
@@ -454,49 +429,37 @@ async fn apply_sqlite(
     let needed = needing_rows(&batch);
     let mut stored = HashMap::new();
     if !needed.is_empty() {
-        let ids = serde_json::to_string(&needed)?;
-        for row in sqlx::query(sqlx::AssertSqlSafe(statements.sqlite_select.as_str()))
-            .bind(ids)
-            .fetch_all(&mut *connection)
-            .await?
-        {
-            let row = decode_row(&row)?;
+        let sql = sqlx::AssertSqlSafe(statements.select(conn.backend()));
+        let rows = either!(conn.reborrow(), c => sqlx::query(sql)
+            .bind(TextList(&needed))
+            .try_map(|row| decode_row(&row))
+            .fetch_all(c)
+            .await?);
+        for row in rows {
             stored.insert(row.stream_id.clone(), row);
         }
     }
     let rows = fold(batch, stored)?;
-    sqlx::query(sqlx::AssertSqlSafe(statements.sqlite_upsert.as_str()))
-        .bind(rows_json(&rows)?)
-        .execute(connection)
-        .await?;
+    match conn {
+        Conn::Sqlite(c) => {
+            sqlx::query(sqlx::AssertSqlSafe(statements.sqlite_upsert.as_str()))
+                .bind(rows_json(&rows)?)
+                .execute(c)
+                .await?;
+        }
+        Conn::Postgres(c) => upsert_postgres(c, &statements.postgres_upsert, &rows).await?,
+    }
     Ok(())
 }
 
-/// The same on PostgreSQL.
-async fn apply_postgres(
+/// Writes rows with PostgreSQL's `unnest` upsert.
+async fn upsert_postgres(
     connection: &mut PgConnection,
-    statements: &Statements,
-    events: &[Link<'_>],
-) -> Result<(), ProjectionError> {
-    let batch = operation_events(events);
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let needed = needing_rows(&batch);
-    let mut stored = HashMap::new();
-    if !needed.is_empty() {
-        for row in sqlx::query(sqlx::AssertSqlSafe(statements.postgres_select.as_str()))
-            .bind(&needed)
-            .fetch_all(&mut *connection)
-            .await?
-        {
-            let row = decode_row(&row)?;
-            stored.insert(row.stream_id.clone(), row);
-        }
-    }
-    let rows = fold(batch, stored)?;
-    let c = PgColumns::of(&rows);
-    sqlx::query(sqlx::AssertSqlSafe(statements.postgres_upsert.as_str()))
+    upsert: &str,
+    rows: &[OperationStatusRow],
+) -> Result<(), sqlx::Error> {
+    let c = PgColumns::of(rows);
+    sqlx::query(sqlx::AssertSqlSafe(upsert))
         .bind(c.operation_id)
         .bind(c.stream_id)
         .bind(c.action)
@@ -592,67 +555,55 @@ impl InlineProjection for OperationStatus {
 
     /// Creates the table only when it is missing: after a blue/green flip the live table's
     /// indexes carry another version's names, and creating them again would duplicate them.
-    fn install_sqlite<'a>(
-        &'a self,
-        connection: &'a mut SqliteConnection,
-    ) -> BoxFuture<'a, Result<(), ProjectionError>> {
+    /// (DDL: each backend looks the table up and serializes creators its own way.)
+    fn install<'a>(&'a self, connection: Conn<'a>) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
-            let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
-            let exists: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)",
-            )
-            .bind(NAME)
-            .fetch_one(&mut *tx)
-            .await?;
-            if !exists {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(live_schema(Backend::Sqlite)))
-                    .execute(&mut *tx)
+            match connection {
+                Conn::Sqlite(connection) => {
+                    let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
+                    let exists: bool = sqlx::query_scalar(
+                        "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+                         WHERE type = 'table' AND name = $1)",
+                    )
+                    .bind(NAME)
+                    .fetch_one(&mut *tx)
                     .await?;
+                    if !exists {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(live_schema(Backend::Sqlite)))
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    tx.commit().await?;
+                }
+                Conn::Postgres(connection) => {
+                    let mut tx = connection.begin().await?;
+                    // Instances opening a new database at once would race to create the table.
+                    sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
+                        .bind(crate::registry::LOCK_CLASS)
+                        .execute(&mut *tx)
+                        .await?;
+                    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                        .bind(NAME)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    if !exists {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(live_schema(Backend::Postgres)))
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    tx.commit().await?;
+                }
             }
-            tx.commit().await?;
             Ok(())
         })
     }
 
-    fn install_postgres<'a>(
+    fn apply<'a>(
         &'a self,
-        connection: &'a mut PgConnection,
-    ) -> BoxFuture<'a, Result<(), ProjectionError>> {
-        Box::pin(async move {
-            let mut tx = connection.begin().await?;
-            // Instances opening a new database at once would race to create the table.
-            sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
-                .bind(crate::registry::LOCK_CLASS)
-                .execute(&mut *tx)
-                .await?;
-            let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-                .bind(NAME)
-                .fetch_one(&mut *tx)
-                .await?;
-            if !exists {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(live_schema(Backend::Postgres)))
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            Ok(())
-        })
-    }
-
-    fn apply_sqlite<'a>(
-        &'a self,
-        connection: &'a mut SqliteConnection,
+        connection: Conn<'a>,
         events: &'a [Link<'a>],
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
-        Box::pin(apply_sqlite(connection, live(), events))
-    }
-
-    fn apply_postgres<'a>(
-        &'a self,
-        connection: &'a mut PgConnection,
-        events: &'a [Link<'a>],
-    ) -> BoxFuture<'a, Result<(), ProjectionError>> {
-        Box::pin(apply_postgres(connection, live(), events))
+        Box::pin(apply(connection, live(), events))
     }
 }
 
@@ -684,16 +635,9 @@ impl Projection for OperationStatus {
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
             if table == NAME {
-                return match conn {
-                    Conn::Sqlite(c) => apply_sqlite(c, live(), events).await,
-                    Conn::Postgres(c) => apply_postgres(c, live(), events).await,
-                };
+                return apply(conn, live(), events).await;
             }
-            let statements = Statements::for_table(table);
-            match conn {
-                Conn::Sqlite(c) => apply_sqlite(c, &statements, events).await,
-                Conn::Postgres(c) => apply_postgres(c, &statements, events).await,
-            }
+            apply(conn, &Statements::for_table(table), events).await
         })
     }
 
@@ -708,7 +652,7 @@ impl Projection for OperationStatus {
                 "DELETE FROM \"{}\" WHERE stream_id = $1",
                 table.replace('"', "\"\"")
             );
-            on_conn!(conn, c => {
+            either!(conn, c => {
                 sqlx::query(sqlx::AssertSqlSafe(sql))
                     .bind(stream)
                     .execute(c)
@@ -739,37 +683,21 @@ pub async fn list(
     pool: ReadPool<'_>,
     filter: &Filter,
 ) -> Result<Vec<OperationStatusRow>, ReadError> {
-    let sql = |columns: &str| {
-        format!(
-            "SELECT {columns} FROM operation_status \
-             WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR bot = $2) \
-             AND ($3 IS NULL OR user_id = $3) \
-             ORDER BY updated_at DESC, operation_id LIMIT $4"
-        )
-    };
+    let sql = format!(
+        "SELECT {COLUMNS} FROM operation_status \
+         WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR bot = $2) \
+         AND ($3 IS NULL OR user_id = $3) \
+         ORDER BY updated_at DESC, operation_id LIMIT $4"
+    );
     let limit = i64::from(filter.limit.max(1));
-    let rows = match pool {
-        ReadPool::Sqlite(pool) => {
-            sqlx::query(sqlx::AssertSqlSafe(sql(COLUMNS)))
-                .bind(&filter.status)
-                .bind(&filter.bot)
-                .bind(filter.user_id)
-                .bind(limit)
-                .try_map(|row: sqlx::sqlite::SqliteRow| decode_row(&row))
-                .fetch_all(pool)
-                .await?
-        }
-        ReadPool::Postgres(pool) => {
-            sqlx::query(sqlx::AssertSqlSafe(sql(PG_COLUMNS)))
-                .bind(&filter.status)
-                .bind(&filter.bot)
-                .bind(filter.user_id)
-                .bind(limit)
-                .try_map(|row: sqlx::postgres::PgRow| decode_row(&row))
-                .fetch_all(pool)
-                .await?
-        }
-    };
+    let rows = either!(pool, p => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(&filter.status)
+        .bind(&filter.bot)
+        .bind(filter.user_id)
+        .bind(limit)
+        .try_map(|row| decode_row(&row))
+        .fetch_all(p)
+        .await?);
     Ok(rows)
 }
 
@@ -778,24 +706,12 @@ pub async fn get(
     pool: ReadPool<'_>,
     operation_id: &str,
 ) -> Result<Option<OperationStatusRow>, ReadError> {
-    let sql =
-        |columns: &str| format!("SELECT {columns} FROM operation_status WHERE operation_id = $1");
-    let row = match pool {
-        ReadPool::Sqlite(pool) => {
-            sqlx::query(sqlx::AssertSqlSafe(sql(COLUMNS)))
-                .bind(operation_id)
-                .try_map(|row: sqlx::sqlite::SqliteRow| decode_row(&row))
-                .fetch_optional(pool)
-                .await?
-        }
-        ReadPool::Postgres(pool) => {
-            sqlx::query(sqlx::AssertSqlSafe(sql(PG_COLUMNS)))
-                .bind(operation_id)
-                .try_map(|row: sqlx::postgres::PgRow| decode_row(&row))
-                .fetch_optional(pool)
-                .await?
-        }
-    };
+    let sql = format!("SELECT {COLUMNS} FROM operation_status WHERE operation_id = $1");
+    let row = either!(pool, p => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(operation_id)
+        .try_map(|row| decode_row(&row))
+        .fetch_optional(p)
+        .await?);
     Ok(row)
 }
 
@@ -823,39 +739,20 @@ pub async fn due(
     limit: u32,
 ) -> Result<Vec<OperationStatusRow>, ReadError> {
     let limit = i64::from(limit.max(1));
-    let rows = match pool {
-        ReadPool::Sqlite(pool) => {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM operation_status \
-                 WHERE due_at IS NOT NULL AND due_at <= $1 \
-                 AND action IN (SELECT value FROM json_each($2)) {} \
-                 ORDER BY due_at LIMIT $3",
-                without_terminal(replies)
-            );
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(now.timestamp_micros())
-                .bind(serde_json::Value::from(actions.to_vec()).to_string())
-                .bind(limit)
-                .try_map(|row: sqlx::sqlite::SqliteRow| decode_row(&row))
-                .fetch_all(pool)
-                .await?
-        }
-        ReadPool::Postgres(pool) => {
-            let sql = format!(
-                "SELECT {PG_COLUMNS} FROM operation_status \
-                 WHERE due_at IS NOT NULL AND due_at <= $1 AND action = ANY($2) {} \
-                 ORDER BY due_at LIMIT $3",
-                without_terminal(replies)
-            );
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(now)
-                .bind(actions)
-                .bind(limit)
-                .try_map(|row: sqlx::postgres::PgRow| decode_row(&row))
-                .fetch_all(pool)
-                .await?
-        }
-    };
+    let sql = format!(
+        "SELECT {COLUMNS} FROM operation_status \
+         WHERE due_at IS NOT NULL AND due_at <= $1 AND {} {} \
+         ORDER BY due_at LIMIT $3",
+        pool.backend().in_list("action", "$2"),
+        without_terminal(replies)
+    );
+    let rows = either!(pool, p => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(Time(now))
+        .bind(TextList(actions))
+        .bind(limit)
+        .try_map(|row| decode_row(&row))
+        .fetch_all(p)
+        .await?);
     Ok(rows)
 }
 
@@ -866,30 +763,14 @@ pub async fn next_due(
     actions: &[String],
     replies: bool,
 ) -> Result<Option<DateTime<Utc>>, ReadError> {
-    let at = match pool {
-        ReadPool::Sqlite(pool) => {
-            let sql = format!(
-                "SELECT min(due_at) FROM operation_status WHERE due_at IS NOT NULL \
-                 AND action IN (SELECT value FROM json_each($1)) {}",
-                without_terminal(replies)
-            );
-            let micros: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                .bind(serde_json::Value::from(actions.to_vec()).to_string())
-                .fetch_one(pool)
-                .await?;
-            micros.and_then(DateTime::from_timestamp_micros)
-        }
-        ReadPool::Postgres(pool) => {
-            let sql = format!(
-                "SELECT min(due_at) FROM operation_status WHERE due_at IS NOT NULL \
-                 AND action = ANY($1) {}",
-                without_terminal(replies)
-            );
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                .bind(actions)
-                .fetch_one(pool)
-                .await?
-        }
-    };
-    Ok(at)
+    let sql = format!(
+        "SELECT min(due_at) FROM operation_status WHERE due_at IS NOT NULL AND {} {}",
+        pool.backend().in_list("action", "$1"),
+        without_terminal(replies)
+    );
+    let at: Option<Time> = either!(pool, p => sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(TextList(actions))
+        .fetch_one(p)
+        .await?);
+    Ok(at.map(|at| at.0))
 }

@@ -26,53 +26,8 @@ use std::fmt::Debug;
 use futures_util::future::BoxFuture;
 use opledger_store::chain::Link;
 use opledger_store::inline::ProjectionError;
+pub use opledger_store::{Backend, Conn};
 use sha2::{Digest, Sha256};
-use sqlx::{PgConnection, SqliteConnection};
-
-/// Which database a projection's tables live in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// A connection inside a transaction the caller owns, of either backend. A projection runs its
-/// statements on it and never commits or rolls back.
-#[derive(Debug)]
-pub enum Conn<'c> {
-    Sqlite(&'c mut SqliteConnection),
-    Postgres(&'c mut PgConnection),
-}
-
-impl Conn<'_> {
-    /// The backend of this connection.
-    pub fn backend(&self) -> Backend {
-        match self {
-            Conn::Sqlite(_) => Backend::Sqlite,
-            Conn::Postgres(_) => Backend::Postgres,
-        }
-    }
-
-    /// The same connection, borrowed again for a shorter time.
-    pub fn reborrow(&mut self) -> Conn<'_> {
-        match self {
-            Conn::Sqlite(c) => Conn::Sqlite(c),
-            Conn::Postgres(c) => Conn::Postgres(c),
-        }
-    }
-}
-
-/// Runs the same sqlx code on either backend's connection: for statements written once in SQL
-/// both backends read (`$n` placeholders), the body is expanded for each connection type.
-macro_rules! on_conn {
-    ($conn:expr, $c:ident => $body:expr) => {
-        match $conn {
-            $crate::projection::Conn::Sqlite($c) => $body,
-            $crate::projection::Conn::Postgres($c) => $body,
-        }
-    };
-}
-pub(crate) use on_conn;
 
 /// A projection's schema, one SQL text per backend (see the module documentation for its
 /// placeholders).

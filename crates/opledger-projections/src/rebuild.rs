@@ -19,10 +19,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use opledger_store::{AnyStore, EventStore, RecordedEvent, StreamId};
+use opledger_store::{
+    AnyStore, Either, EventStore, OwnedConn, RecordedEvent, StreamId, Txn, either,
+};
 use tokio::sync::mpsc;
 
-use crate::db::{self, Owned, Txn, quoted};
+use crate::db::{self, quoted};
 use crate::error::ProjectorError;
 use crate::projection::{Backend, Conn, Projection, definition_hash};
 use crate::registry::{self, State, index_prefix, table_name};
@@ -114,14 +116,16 @@ pub async fn rebuild(
     let pool = store.projection_pool();
     registry::install(pool).await?;
     crate::runner::register(store, projection, &options.runner).await?;
-    let mut conn = Owned::detach(pool).await?;
+    let mut conn = OwnedConn::detach(pool).await?;
     let result = rebuild_on(&mut conn, store, projection, options, progress, started).await;
-    conn.close().await;
+    if let Err(error) = conn.close().await {
+        tracing::debug!(%error, "closing a projection connection failed");
+    }
     result
 }
 
 async fn rebuild_on(
-    conn: &mut Owned,
+    conn: &mut OwnedConn,
     store: &AnyStore,
     projection: &dyn Projection,
     options: &RebuildOptions,
@@ -132,7 +136,7 @@ async fn rebuild_on(
     let backend = conn.backend();
     // One rebuild per projection at a time among PostgreSQL instances: a session lock held
     // until this connection closes (a crashed rebuild's lock goes with its connection).
-    if let Owned::Postgres(c) = conn {
+    if let Either::Postgres(c) = conn {
         let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext($2))")
             .bind(REBUILD_LOCK_CLASS)
             .bind(name)
@@ -146,10 +150,11 @@ async fn rebuild_on(
     }
     // Read models are disposable, so their rebuild need not wait for the disk on every page:
     // a crash loses at most the last pages, and their checkpoint with them.
-    match backend {
-        Backend::Sqlite => conn.execute("PRAGMA synchronous = NORMAL").await?,
-        Backend::Postgres => conn.execute("SET synchronous_commit = off").await?,
-    }
+    let relaxed = match backend {
+        Backend::Sqlite => "PRAGMA synchronous = NORMAL",
+        Backend::Postgres => "SET synchronous_commit = off",
+    };
+    raw(conn.conn(), relaxed).await?;
     let hash = definition_hash(projection, backend);
     let (version, start) = begin_version(conn, projection, &hash, &options.runner).await?;
     let table = table_name(name, version, State::Building);
@@ -194,7 +199,7 @@ async fn rebuild_on(
         .render(backend, &table, &index_prefix(name, version));
     state.report(store, Phase::Indexing, progress).await?;
     {
-        let mut txn = conn.begin().await?;
+        let mut txn = db::begin_on(conn.conn()).await?;
         if registry::hold(txn.conn(), name, version, State::Building)
             .await?
             .is_none_or(|at| at != state.position)
@@ -266,12 +271,12 @@ struct Fold<'a> {
 impl Fold<'_> {
     async fn apply(
         &mut self,
-        conn: &mut Owned,
+        conn: &mut OwnedConn,
         projection: &dyn Projection,
         page: &[RecordedEvent],
         runner: &str,
     ) -> Result<(), ProjectorError> {
-        let mut txn = conn.begin().await?;
+        let mut txn = db::begin_on(conn.conn()).await?;
         let applied = apply_page(
             &mut txn,
             projection,
@@ -324,14 +329,14 @@ impl Fold<'_> {
 /// `building` version of the same definition that an earlier rebuild left; a `building` version
 /// of another definition is discarded. Returns the version and its position.
 async fn begin_version(
-    conn: &mut Owned,
+    conn: &mut OwnedConn,
     projection: &dyn Projection,
     hash: &str,
     runner: &str,
 ) -> Result<(u32, u64), ProjectorError> {
     let name = projection.name();
     let backend = conn.backend();
-    let mut txn = conn.begin().await?;
+    let mut txn = db::begin_on(conn.conn()).await?;
     registry::lock_registry(txn.conn()).await?;
     let rows = registry::select(txn.conn(), Some(name)).await?;
     if let Some(building) = rows.iter().find(|r| r.state == State::Building) {
@@ -379,7 +384,7 @@ async fn begin_version(
 /// the new version's tables to the projection's name, and mark it active. Returns the position
 /// the new active version reflects.
 async fn flip(
-    conn: &mut Owned,
+    conn: &mut OwnedConn,
     store: &AnyStore,
     projection: &dyn Projection,
     state: &mut Fold<'_>,
@@ -387,7 +392,7 @@ async fn flip(
 ) -> Result<u64, ProjectorError> {
     let name = projection.name();
     let runner = options.runner.as_str();
-    let mut txn = conn.begin().await?;
+    let mut txn = db::begin_on(conn.conn()).await?;
     registry::lock_registry(txn.conn()).await?;
     let head = if projection.inline() {
         registry::lock_ledger(txn.conn()).await?
@@ -691,10 +696,7 @@ pub(crate) async fn drop_tables(
 /// Runs SQL text (several statements) inside the caller's transaction.
 pub(crate) async fn raw(conn: Conn<'_>, sql: &str) -> Result<(), sqlx::Error> {
     let sql = sqlx::AssertSqlSafe(sql.to_owned());
-    match conn {
-        Conn::Sqlite(c) => sqlx::raw_sql(sql).execute(c).await.map(drop),
-        Conn::Postgres(c) => sqlx::raw_sql(sql).execute(c).await.map(drop),
-    }
+    either!(conn, c => sqlx::raw_sql(sql).execute(c).await.map(drop))
 }
 
 /// Index statements that may run twice (a rebuild resumed after creating them).

@@ -14,14 +14,14 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use opledger_domain::DomainEvent;
 use opledger_domain::operation::OperationEvent;
-use opledger_store::ReadPool;
 use opledger_store::chain::Link;
 use opledger_store::inline::ProjectionError;
+use opledger_store::{EitherRow, ReadPool, TextList, Time, either};
 use serde::Serialize;
 use sqlx::{PgConnection, SqliteConnection};
 
-use crate::projection::{Conn, Projection, Schema, in_category, on_conn};
-use crate::rows::{self, TimeColumn, json_strings, read_error, required_time, signed};
+use crate::projection::{Conn, Projection, Schema, in_category};
+use crate::rows::{self, read_error, signed};
 
 pub use crate::rows::ReadError;
 
@@ -216,10 +216,7 @@ impl Projection for ReconciliationQueue {
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
             let changes = changes(events)?;
-            let added = match conn {
-                Conn::Sqlite(c) => apply_sqlite(c, table, &changes).await?,
-                Conn::Postgres(c) => apply_postgres(c, table, &changes).await?,
-            };
+            let added = apply(conn, table, &changes).await?;
             let expected = changes.waiting.len() as u64;
             if added < expected {
                 return Err(FoldError::MissingOperation {
@@ -242,7 +239,7 @@ impl Projection for ReconciliationQueue {
                 format!("DELETE FROM \"{table}\" WHERE stream_id = $1"),
                 format!("DELETE FROM \"{table}_ops\" WHERE stream_id = $1"),
             ];
-            on_conn!(conn, c => {
+            either!(conn, c => {
                 for sql in statements {
                     sqlx::query(sqlx::AssertSqlSafe(sql))
                         .bind(stream)
@@ -264,51 +261,96 @@ const COLUMNS: &str = "stream_id, operation_id, action, business_key, bot, chat_
 const UPDATED: &str = "reason = excluded.reason, attempts = excluded.attempts, \
      marked_at = excluded.marked_at, position = excluded.position";
 
-/// Applies a page's changes; returns how many queue rows it added or updated.
-async fn apply_sqlite(
-    conn: &mut SqliteConnection,
-    table: &str,
-    changes: &Changes,
-) -> Result<u64, sqlx::Error> {
+/// Applies a page's changes; returns how many queue rows it added or updated. The rows that
+/// leave go in one statement for both backends; the rows that come are upserted in bulk each
+/// backend's own way.
+async fn apply(mut conn: Conn<'_>, table: &str, changes: &Changes) -> Result<u64, sqlx::Error> {
     if !changes.started.is_empty() {
-        let rows: Vec<serde_json::Value> = changes
-            .started
-            .iter()
-            .map(|s| {
-                serde_json::json!([
-                    s.stream_id,
-                    s.operation_id,
-                    s.action,
-                    s.business_key,
-                    s.bot,
-                    s.chat_id,
-                    s.user_id
-                ])
-            })
-            .collect();
-        let sql = format!(
-            "INSERT INTO \"{table}_ops\" ({OPS_COLUMNS}) SELECT value ->> 0, value ->> 1, \
-             value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6 FROM json_each($1) \
-             WHERE true ON CONFLICT (stream_id) DO UPDATE SET {OPS_UPDATED}"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(serde_json::Value::Array(rows).to_string())
-            .execute(&mut *conn)
-            .await?;
+        match conn.reborrow() {
+            Conn::Sqlite(c) => add_started_sqlite(c, table, &changes.started).await?,
+            Conn::Postgres(c) => add_started_postgres(c, table, &changes.started).await?,
+        }
     }
     if !changes.left.is_empty() {
-        let sql =
-            format!("DELETE FROM \"{table}\" WHERE stream_id IN (SELECT value FROM json_each($1))");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(json_strings(&changes.left))
-            .execute(&mut *conn)
-            .await?;
+        let streams = conn.backend().in_list("stream_id", "$1");
+        let sql = format!("DELETE FROM \"{table}\" WHERE {streams}");
+        either!(conn.reborrow(), c => sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(TextList(&changes.left))
+            .execute(c)
+            .await
+            .map(drop)?);
     }
     if changes.waiting.is_empty() {
         return Ok(0);
     }
-    let rows: Vec<serde_json::Value> = changes
-        .waiting
+    match conn {
+        Conn::Sqlite(c) => add_waiting_sqlite(c, table, &changes.waiting).await,
+        Conn::Postgres(c) => add_waiting_postgres(c, table, &changes.waiting).await,
+    }
+}
+
+async fn add_started_sqlite(
+    conn: &mut SqliteConnection,
+    table: &str,
+    started: &[Started],
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<serde_json::Value> = started
+        .iter()
+        .map(|s| {
+            serde_json::json!([
+                s.stream_id,
+                s.operation_id,
+                s.action,
+                s.business_key,
+                s.bot,
+                s.chat_id,
+                s.user_id
+            ])
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO \"{table}_ops\" ({OPS_COLUMNS}) SELECT value ->> 0, value ->> 1, \
+         value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6 FROM json_each($1) \
+         WHERE true ON CONFLICT (stream_id) DO UPDATE SET {OPS_UPDATED}"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(serde_json::Value::Array(rows).to_string())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+async fn add_started_postgres(
+    conn: &mut PgConnection,
+    table: &str,
+    started: &[Started],
+) -> Result<(), sqlx::Error> {
+    let text = |f: fn(&Started) -> String| started.iter().map(f).collect::<Vec<_>>();
+    let sql = format!(
+        "INSERT INTO \"{table}_ops\" ({OPS_COLUMNS}) SELECT * FROM UNNEST($1::text[], \
+         $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) \
+         ON CONFLICT (stream_id) DO UPDATE SET {OPS_UPDATED}"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(text(|s| s.stream_id.clone()))
+        .bind(text(|s| s.operation_id.clone()))
+        .bind(text(|s| s.action.clone()))
+        .bind(text(|s| s.business_key.clone()))
+        .bind(text(|s| s.bot.clone()))
+        .bind(started.iter().map(|s| s.chat_id).collect::<Vec<_>>())
+        .bind(started.iter().map(|s| s.user_id).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Adds or updates the queue rows of the streams that wait; returns how many it wrote.
+async fn add_waiting_sqlite(
+    conn: &mut SqliteConnection,
+    table: &str,
+    waiting: &[(String, Marked)],
+) -> Result<u64, sqlx::Error> {
+    let rows: Vec<serde_json::Value> = waiting
         .iter()
         .map(|(stream, m)| {
             serde_json::json!([
@@ -334,42 +376,12 @@ async fn apply_sqlite(
     Ok(done.rows_affected())
 }
 
-/// Applies a page's changes; returns how many queue rows it added or updated.
-async fn apply_postgres(
+/// Adds or updates the queue rows of the streams that wait; returns how many it wrote.
+async fn add_waiting_postgres(
     conn: &mut PgConnection,
     table: &str,
-    changes: &Changes,
+    waiting: &[(String, Marked)],
 ) -> Result<u64, sqlx::Error> {
-    if !changes.started.is_empty() {
-        let started = &changes.started;
-        let text = |f: fn(&Started) -> String| started.iter().map(f).collect::<Vec<_>>();
-        let sql = format!(
-            "INSERT INTO \"{table}_ops\" ({OPS_COLUMNS}) SELECT * FROM UNNEST($1::text[], \
-             $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) \
-             ON CONFLICT (stream_id) DO UPDATE SET {OPS_UPDATED}"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(text(|s| s.stream_id.clone()))
-            .bind(text(|s| s.operation_id.clone()))
-            .bind(text(|s| s.action.clone()))
-            .bind(text(|s| s.business_key.clone()))
-            .bind(text(|s| s.bot.clone()))
-            .bind(started.iter().map(|s| s.chat_id).collect::<Vec<_>>())
-            .bind(started.iter().map(|s| s.user_id).collect::<Vec<_>>())
-            .execute(&mut *conn)
-            .await?;
-    }
-    if !changes.left.is_empty() {
-        let sql = format!("DELETE FROM \"{table}\" WHERE stream_id = ANY($1)");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&changes.left)
-            .execute(&mut *conn)
-            .await?;
-    }
-    if changes.waiting.is_empty() {
-        return Ok(0);
-    }
-    let waiting = &changes.waiting;
     let sql = format!(
         "INSERT INTO \"{table}\" ({COLUMNS}) SELECT o.stream_id, o.operation_id, o.action, \
          o.business_key, o.bot, o.chat_id, o.user_id, r.reason, r.attempts, r.marked_at, \
@@ -404,14 +416,7 @@ async fn apply_postgres(
     Ok(done.rows_affected())
 }
 
-fn decode_item<R>(row: &R) -> Result<ReconciliationItem, sqlx::Error>
-where
-    R: TimeColumn,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+fn decode_item(row: &impl EitherRow) -> Result<ReconciliationItem, sqlx::Error> {
     Ok(ReconciliationItem {
         stream_id: row.try_get(0)?,
         operation_id: row.try_get(1)?,
@@ -421,34 +426,23 @@ where
         chat_id: row.try_get(5)?,
         user_id: row.try_get(6)?,
         reason: row.try_get(7)?,
-        attempts: rows::unsigned(row.try_get::<i64, _>(8)?, "attempts")?,
-        marked_at: required_time(row, 9)?,
+        attempts: rows::unsigned(i64::from(row.try_get::<i32>(8)?), "attempts")?,
+        marked_at: row.try_get::<Time>(9)?.0,
     })
 }
 
 /// The operations waiting for a person, oldest mark first, at most `limit`.
 pub async fn list(pool: ReadPool<'_>, limit: u32) -> Result<Vec<ReconciliationItem>, ReadError> {
-    let sql = |attempts: &str| {
-        format!(
-            "SELECT stream_id, operation_id, action, business_key, bot, chat_id, user_id, \
-             reason, {attempts}, marked_at FROM \"{NAME}\" \
-             ORDER BY marked_at, operation_id LIMIT $1"
-        )
-    };
+    let sql = format!(
+        "SELECT stream_id, operation_id, action, business_key, bot, chat_id, user_id, \
+         reason, attempts, marked_at FROM \"{NAME}\" \
+         ORDER BY marked_at, operation_id LIMIT $1"
+    );
     let limit = rows::limit(limit);
-    let error = read_error(NAME);
-    match pool {
-        ReadPool::Sqlite(pool) => sqlx::query(sqlx::AssertSqlSafe(sql("attempts")))
-            .bind(limit)
-            .try_map(|row: sqlx::sqlite::SqliteRow| decode_item(&row))
-            .fetch_all(pool)
-            .await
-            .map_err(error),
-        ReadPool::Postgres(pool) => sqlx::query(sqlx::AssertSqlSafe(sql("attempts::bigint")))
-            .bind(limit)
-            .try_map(|row: sqlx::postgres::PgRow| decode_item(&row))
-            .fetch_all(pool)
-            .await
-            .map_err(error),
-    }
+    either!(pool, p => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(limit)
+        .try_map(|row| decode_item(&row))
+        .fetch_all(p)
+        .await)
+    .map_err(read_error(NAME))
 }

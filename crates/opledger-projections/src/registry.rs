@@ -14,12 +14,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use opledger_store::{AnyStore, ReadPool, StoreError};
+use opledger_store::{AnyStore, Backend, Conn, EitherRow, ReadPool, StoreError, Time, either};
 use serde::Serialize;
-use sqlx::Row;
 
 use crate::db::{self, missing_table};
-use crate::projection::Conn;
 
 /// The SQLite schema (`projections/checkpoints/sqlite.sql`).
 pub const SQLITE_SCHEMA: &str = include_str!("../../../projections/checkpoints/sqlite.sql");
@@ -151,6 +149,7 @@ pub enum RegistryError {
 /// `projection_pool()`); safe to run from several processes at once.
 pub async fn install(pool: ReadPool<'_>) -> Result<(), RegistryError> {
     let mut tx = db::begin(pool).await?;
+    // DDL: the backends create the table their own way.
     match tx.conn() {
         Conn::Sqlite(c) => {
             sqlx::raw_sql(SQLITE_SCHEMA).execute(c).await?;
@@ -174,16 +173,7 @@ pub async fn install(pool: ReadPool<'_>) -> Result<(), RegistryError> {
 /// Every active and building version, by name then version. Empty when the registry was never
 /// installed.
 pub async fn rows(pool: ReadPool<'_>) -> Result<Vec<Checkpoint>, RegistryError> {
-    let result = match pool {
-        ReadPool::Sqlite(pool) => {
-            let mut c = pool.acquire().await?;
-            select(Conn::Sqlite(&mut c), None).await
-        }
-        ReadPool::Postgres(pool) => {
-            let mut c = pool.acquire().await?;
-            select(Conn::Postgres(&mut c), None).await
-        }
-    };
+    let result = either!(pool, p => select((&mut *p.acquire().await?).into(), None).await);
     match result {
         Err(RegistryError::Database(e)) if missing_table(&e) => Ok(Vec::new()),
         other => other,
@@ -230,16 +220,7 @@ pub async fn list_in(pool: ReadPool<'_>) -> Result<Vec<ProjectionStatus>, Regist
 /// The active version's checkpoint of `name` (for an inline projection: the head), or `None`
 /// if it is not registered yet.
 pub async fn checkpoint(pool: ReadPool<'_>, name: &str) -> Result<Option<u64>, RegistryError> {
-    let result = match pool {
-        ReadPool::Sqlite(pool) => {
-            let mut c = pool.acquire().await?;
-            active_position(Conn::Sqlite(&mut c), name).await
-        }
-        ReadPool::Postgres(pool) => {
-            let mut c = pool.acquire().await?;
-            active_position(Conn::Postgres(&mut c), name).await
-        }
-    };
+    let result = either!(pool, p => active_position((&mut *p.acquire().await?).into(), name).await);
     match result {
         Err(RegistryError::Database(e)) if missing_table(&e) => Ok(None),
         other => other,
@@ -282,47 +263,41 @@ pub async fn wait_for(
 
 // ---- inside transactions: what the runner and rebuilds use ----
 
-/// The registry row columns, times as microseconds on both backends.
-const SQLITE_COLUMNS: &str = "name, version, state, inline, definition_hash, position, runner, \
+const COLUMNS: &str = "name, version, state, inline, definition_hash, position, runner, \
      created_at, updated_at";
-const PG_COLUMNS: &str = "name, version::bigint, state, inline, definition_hash, position, \
-     runner, (extract(epoch FROM created_at) * 1000000)::bigint, \
-     (extract(epoch FROM updated_at) * 1000000)::bigint";
 
-/// The database clock, as each backend stores registry times.
-const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
-const PG_NOW: &str = "clock_timestamp()";
+/// The database clock, as each backend stores registry times ([`Time`]).
+fn now(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
+        Backend::Postgres => "clock_timestamp()",
+    }
+}
 
-fn decode<R>(row: &R) -> Result<Checkpoint, RegistryError>
-where
-    R: Row,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+/// A version as the `integer` column holds it.
+fn version_param(version: u32) -> i32 {
+    i32::try_from(version).unwrap_or(i32::MAX)
+}
+
+fn decode(row: &impl EitherRow) -> Result<Checkpoint, RegistryError> {
     let name: String = row.try_get(0)?;
-    let version: i64 = row.try_get(1)?;
+    let version: i32 = row.try_get(1)?;
     let corrupt = |reason: &str| RegistryError::Corrupt {
         name: name.clone(),
-        version,
+        version: version.into(),
         reason: reason.to_owned(),
     };
     let state: String = row.try_get(2)?;
-    let time = |micros: i64| {
-        DateTime::from_timestamp_micros(micros).ok_or_else(|| corrupt("a time is out of range"))
-    };
     Ok(Checkpoint {
         version: u32::try_from(version).map_err(|_| corrupt("bad version"))?,
         state: State::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
         inline: row.try_get(3)?,
         definition_hash: row.try_get(4)?,
-        position: u64::try_from(row.try_get::<i64, _>(5)?)
+        position: u64::try_from(row.try_get::<i64>(5)?)
             .map_err(|_| corrupt("negative position"))?,
         runner: row.try_get(6)?,
-        created_at: time(row.try_get(7)?)?,
-        updated_at: time(row.try_get(8)?)?,
+        created_at: row.try_get::<Time>(7)?.0,
+        updated_at: row.try_get::<Time>(8)?.0,
         name,
     })
 }
@@ -332,42 +307,27 @@ pub(crate) async fn select(
     conn: Conn<'_>,
     name: Option<&str>,
 ) -> Result<Vec<Checkpoint>, RegistryError> {
-    let sql = |columns: &str| {
-        format!(
-            "SELECT {columns} FROM projection_checkpoints \
-             WHERE state <> 'retired' AND ($1 IS NULL OR name = $1) ORDER BY name, version"
-        )
-    };
-    match conn {
-        Conn::Sqlite(c) => sqlx::query(sqlx::AssertSqlSafe(sql(SQLITE_COLUMNS)))
-            .bind(name)
-            .fetch_all(c)
-            .await?
-            .iter()
-            .map(decode)
-            .collect(),
-        Conn::Postgres(c) => sqlx::query(sqlx::AssertSqlSafe(sql(PG_COLUMNS)))
-            .bind(name)
-            .fetch_all(c)
-            .await?
-            .iter()
-            .map(decode)
-            .collect(),
-    }
+    let sql = format!(
+        "SELECT {COLUMNS} FROM projection_checkpoints \
+         WHERE state <> 'retired' AND ($1 IS NULL OR name = $1) ORDER BY name, version"
+    );
+    either!(conn, c => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(name)
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(decode)
+        .collect())
 }
 
 /// The highest version ever registered for `name` (retired ones included); 0 if none.
 pub(crate) async fn last_version(conn: Conn<'_>, name: &str) -> Result<u32, RegistryError> {
     const SQL: &str =
-        "SELECT COALESCE(MAX(version), 0)::bigint FROM projection_checkpoints WHERE name = $1";
-    let sqlite = "SELECT COALESCE(MAX(version), 0) FROM projection_checkpoints WHERE name = $1";
-    let version: i64 = match conn {
-        Conn::Sqlite(c) => sqlx::query_scalar(sqlite).bind(name).fetch_one(c).await?,
-        Conn::Postgres(c) => sqlx::query_scalar(SQL).bind(name).fetch_one(c).await?,
-    };
+        "SELECT COALESCE(MAX(version), 0) FROM projection_checkpoints WHERE name = $1";
+    let version: i32 = either!(conn, c => sqlx::query_scalar(SQL).bind(name).fetch_one(c).await?);
     u32::try_from(version).map_err(|_| RegistryError::Corrupt {
         name: name.to_owned(),
-        version,
+        version: version.into(),
         reason: "bad version".to_owned(),
     })
 }
@@ -385,40 +345,23 @@ pub(crate) struct NewRow<'a> {
 }
 
 pub(crate) async fn insert(conn: Conn<'_>, row: &NewRow<'_>) -> Result<(), RegistryError> {
-    let sql = |now: &str| {
-        format!(
-            "INSERT INTO projection_checkpoints (name, version, state, inline, definition_hash, \
-             position, runner, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, {now}, {now})"
-        )
-    };
-    let position = to_i64(row.position);
-    match conn {
-        Conn::Sqlite(c) => {
-            sqlx::query(sqlx::AssertSqlSafe(sql(SQLITE_NOW)))
-                .bind(row.name)
-                .bind(i64::from(row.version))
-                .bind(row.state.as_str())
-                .bind(row.inline)
-                .bind(row.definition_hash)
-                .bind(position)
-                .bind(row.runner)
-                .execute(c)
-                .await?;
-        }
-        Conn::Postgres(c) => {
-            sqlx::query(sqlx::AssertSqlSafe(sql(PG_NOW)))
-                .bind(row.name)
-                .bind(i32::try_from(row.version).unwrap_or(i32::MAX))
-                .bind(row.state.as_str())
-                .bind(row.inline)
-                .bind(row.definition_hash)
-                .bind(position)
-                .bind(row.runner)
-                .execute(c)
-                .await?;
-        }
-    }
+    let sql = format!(
+        "INSERT INTO projection_checkpoints (name, version, state, inline, definition_hash, \
+         position, runner, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, {now}, {now})",
+        now = now(conn.backend())
+    );
+    either!(conn, c => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(row.name)
+        .bind(version_param(row.version))
+        .bind(row.state.as_str())
+        .bind(row.inline)
+        .bind(row.definition_hash)
+        .bind(to_i64(row.position))
+        .bind(row.runner)
+        .execute(c)
+        .await
+        .map(drop)?);
     Ok(())
 }
 
@@ -434,34 +377,21 @@ pub(crate) async fn advance(
     new: u64,
     runner: &str,
 ) -> Result<bool, RegistryError> {
-    let sql = |now: &str| {
-        format!(
-            "UPDATE projection_checkpoints SET position = $1, runner = $2, updated_at = {now} \
-             WHERE name = $3 AND version = $4 AND state = $5 AND position = $6"
-        )
-    };
-    let done = match conn {
-        Conn::Sqlite(c) => sqlx::query(sqlx::AssertSqlSafe(sql(SQLITE_NOW)))
-            .bind(to_i64(new))
-            .bind(runner)
-            .bind(name)
-            .bind(i64::from(version))
-            .bind(state.as_str())
-            .bind(to_i64(old))
-            .execute(c)
-            .await?
-            .rows_affected(),
-        Conn::Postgres(c) => sqlx::query(sqlx::AssertSqlSafe(sql(PG_NOW)))
-            .bind(to_i64(new))
-            .bind(runner)
-            .bind(name)
-            .bind(i32::try_from(version).unwrap_or(i32::MAX))
-            .bind(state.as_str())
-            .bind(to_i64(old))
-            .execute(c)
-            .await?
-            .rows_affected(),
-    };
+    let sql = format!(
+        "UPDATE projection_checkpoints SET position = $1, runner = $2, updated_at = {now} \
+         WHERE name = $3 AND version = $4 AND state = $5 AND position = $6",
+        now = now(conn.backend())
+    );
+    let done = either!(conn, c => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(to_i64(new))
+        .bind(runner)
+        .bind(name)
+        .bind(version_param(version))
+        .bind(state.as_str())
+        .bind(to_i64(old))
+        .execute(c)
+        .await?
+        .rows_affected());
     Ok(done == 1)
 }
 
@@ -475,32 +405,20 @@ pub(crate) async fn set_state(
     to: State,
     runner: &str,
 ) -> Result<bool, RegistryError> {
-    let sql = |now: &str| {
-        format!(
-            "UPDATE projection_checkpoints SET state = $1, runner = $2, updated_at = {now} \
-             WHERE name = $3 AND version = $4 AND state = $5"
-        )
-    };
-    let done = match conn {
-        Conn::Sqlite(c) => sqlx::query(sqlx::AssertSqlSafe(sql(SQLITE_NOW)))
-            .bind(to.as_str())
-            .bind(runner)
-            .bind(name)
-            .bind(i64::from(version))
-            .bind(from.as_str())
-            .execute(c)
-            .await?
-            .rows_affected(),
-        Conn::Postgres(c) => sqlx::query(sqlx::AssertSqlSafe(sql(PG_NOW)))
-            .bind(to.as_str())
-            .bind(runner)
-            .bind(name)
-            .bind(i32::try_from(version).unwrap_or(i32::MAX))
-            .bind(from.as_str())
-            .execute(c)
-            .await?
-            .rows_affected(),
-    };
+    let sql = format!(
+        "UPDATE projection_checkpoints SET state = $1, runner = $2, updated_at = {now} \
+         WHERE name = $3 AND version = $4 AND state = $5",
+        now = now(conn.backend())
+    );
+    let done = either!(conn, c => sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(to.as_str())
+        .bind(runner)
+        .bind(name)
+        .bind(version_param(version))
+        .bind(from.as_str())
+        .execute(c)
+        .await?
+        .rows_affected());
     Ok(done == 1)
 }
 
@@ -513,26 +431,20 @@ pub(crate) async fn hold(
     version: u32,
     state: State,
 ) -> Result<Option<u64>, RegistryError> {
-    const SQL: &str = "SELECT position FROM projection_checkpoints \
-         WHERE name = $1 AND version = $2 AND state = $3";
-    let position: Option<i64> = match conn {
-        Conn::Sqlite(c) => {
-            sqlx::query_scalar(SQL)
-                .bind(name)
-                .bind(i64::from(version))
-                .bind(state.as_str())
-                .fetch_optional(c)
-                .await?
-        }
-        Conn::Postgres(c) => {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("{SQL} FOR UPDATE")))
-                .bind(name)
-                .bind(i32::try_from(version).unwrap_or(i32::MAX))
-                .bind(state.as_str())
-                .fetch_optional(c)
-                .await?
-        }
+    let lock = match conn.backend() {
+        Backend::Sqlite => "",
+        Backend::Postgres => " FOR UPDATE",
     };
+    let sql = format!(
+        "SELECT position FROM projection_checkpoints \
+         WHERE name = $1 AND version = $2 AND state = $3{lock}"
+    );
+    let position: Option<i64> = either!(conn, c => sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(name)
+        .bind(version_param(version))
+        .bind(state.as_str())
+        .fetch_optional(c)
+        .await?);
     Ok(position.map(|p| u64::try_from(p).unwrap_or(0)))
 }
 
@@ -556,16 +468,14 @@ pub(crate) const LOCK_CLASS: i32 = 0x6f70_6c64;
 /// The ledger's last position, read on `conn` (inside the caller's transaction).
 pub(crate) async fn head(conn: Conn<'_>) -> Result<u64, RegistryError> {
     const SQL: &str = "SELECT last_position FROM ledger_head WHERE ledger_id = 1";
-    let position: i64 = match conn {
-        Conn::Sqlite(c) => sqlx::query_scalar(SQL).fetch_one(c).await?,
-        Conn::Postgres(c) => sqlx::query_scalar(SQL).fetch_one(c).await?,
-    };
+    let position: i64 = either!(conn, c => sqlx::query_scalar(SQL).fetch_one(c).await?);
     Ok(u64::try_from(position).unwrap_or(0))
 }
 
 /// Takes the ledger's write lock inside the caller's transaction, so that no append commits
 /// until it ends, and returns the head: on SQLite the transaction's `BEGIN IMMEDIATE` holds it
-/// already; on PostgreSQL the `ledger_head` row is locked like the store's writer does.
+/// already; on PostgreSQL the `ledger_head` row is locked like the store's writer does. (The
+/// backends take the lock their own ways.)
 pub(crate) async fn lock_ledger(conn: Conn<'_>) -> Result<u64, RegistryError> {
     const SQL: &str = "SELECT last_position FROM ledger_head WHERE ledger_id = 1 FOR UPDATE";
     match conn {

@@ -1,6 +1,6 @@
 //! What the asynchronous built-in projections share: reading an event's envelope (category,
 //! metadata), passing a page's rows to the database in one statement, and reading rows back
-//! from either backend.
+//! (decoded for both backends at once through `opledger_store::EitherRow`).
 //!
 //! A page's rows reach the database in a few statements, never one statement per row: on
 //! SQLite a JSON array of rows expanded by `json_each`, or (for many rows) bound multi-row
@@ -11,7 +11,6 @@
 use chrono::{DateTime, Utc};
 use opledger_domain::EventMetadata;
 use opledger_store::chain::Link;
-use sqlx::Row;
 
 /// The part of a stream id before its first `-`: `op`, `update`, `cb`, `recent`, `quarantine`.
 pub(crate) fn category(stream_id: &str) -> &str {
@@ -155,17 +154,6 @@ impl CopyText {
     }
 }
 
-/// A JSON array of strings, for `json_each` on SQLite.
-pub(crate) fn json_strings<S: AsRef<str>>(values: &[S]) -> String {
-    serde_json::Value::Array(
-        values
-            .iter()
-            .map(|v| serde_json::Value::from(v.as_ref()))
-            .collect(),
-    )
-    .to_string()
-}
-
 /// A read model could not be read: the database is unreachable, or the projection's tables do
 /// not exist yet.
 #[derive(Debug, thiserror::Error)]
@@ -183,43 +171,6 @@ pub struct ReadError {
 /// Wraps a database error of `model`'s read.
 pub(crate) fn read_error(model: &'static str) -> impl Fn(sqlx::Error) -> ReadError {
     move |source| ReadError { model, source }
-}
-
-/// Reads a stored time from either backend, the way each stores it.
-pub(crate) trait TimeColumn: Row {
-    /// The time in column `index`, `None` when NULL.
-    fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
-}
-
-impl TimeColumn for sqlx::sqlite::SqliteRow {
-    fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        let micros: Option<i64> = self.try_get(index)?;
-        micros
-            .map(|m| {
-                DateTime::from_timestamp_micros(m).ok_or_else(|| sqlx::Error::ColumnDecode {
-                    index: index.to_string(),
-                    source: format!("{m} microseconds is not a representable time").into(),
-                })
-            })
-            .transpose()
-    }
-}
-
-impl TimeColumn for sqlx::postgres::PgRow {
-    fn time(&self, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        self.try_get(index)
-    }
-}
-
-/// A time a column must hold.
-pub(crate) fn required_time<R: TimeColumn>(
-    row: &R,
-    index: usize,
-) -> Result<DateTime<Utc>, sqlx::Error> {
-    row.time(index)?.ok_or_else(|| sqlx::Error::ColumnDecode {
-        index: index.to_string(),
-        source: "a required time is missing".into(),
-    })
 }
 
 /// A stored count or position read back as an unsigned number.
@@ -278,11 +229,5 @@ mod tests {
             String::from_utf8(copy.buffer).unwrap(),
             "a\\tb\\\\c\\nd\\re\t\\N\t-5\t\\N\t2026-09-21 14:13:20.000042+00\nx\n"
         );
-    }
-
-    #[test]
-    fn strings_become_a_json_array() {
-        assert_eq!(json_strings(&["a", "b\"c"]), r#"["a","b\"c"]"#);
-        assert_eq!(json_strings::<&str>(&[]), "[]");
     }
 }

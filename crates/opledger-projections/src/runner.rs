@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use opledger_store::{AnyStore, EventStore};
+use opledger_store::{AnyStore, Either, EventStore};
 use sqlx::PgConnection;
 use tokio::task::JoinSet;
 
@@ -132,7 +132,7 @@ impl Projector {
     }
 
     fn hash(&self, projection: &dyn Projection) -> String {
-        definition_hash(projection, db::backend(self.store.projection_pool()))
+        definition_hash(projection, self.store.projection_pool().backend())
     }
 
     /// Rebuilds an inline projection before the service starts; if another instance is already
@@ -267,8 +267,8 @@ impl Lock {
     /// Tries to take the lock for `name` (PostgreSQL only); `true` if this runner holds it.
     async fn acquire(&mut self, store: &AnyStore, name: &str) -> Result<bool, ProjectorError> {
         let pool = match store.projection_pool() {
-            opledger_store::ReadPool::Sqlite(_) => return Ok(true),
-            opledger_store::ReadPool::Postgres(pool) => pool,
+            Either::Sqlite(_) => return Ok(true),
+            Either::Postgres(pool) => pool,
         };
         if self.held {
             return Ok(true);
@@ -330,7 +330,7 @@ async fn drive(
     if !lock.acquire(store, name).await? {
         return Ok(Stop::NotHolder);
     }
-    let wanted = definition_hash(projection, db::backend(store.projection_pool()));
+    let wanted = definition_hash(projection, store.projection_pool().backend());
     let mut active = register(store, projection, &options.runner).await?;
     if active.definition_hash != wanted && *rebuild {
         let log = |p: &rebuild::Progress| {
@@ -434,7 +434,7 @@ pub(crate) async fn register(
 ) -> Result<Checkpoint, ProjectorError> {
     let name = projection.name();
     let pool = store.projection_pool();
-    let backend = db::backend(pool);
+    let backend = pool.backend();
     let existing = registry::rows(store.reader()).await?;
     if let Some(active) = existing
         .into_iter()
@@ -491,6 +491,7 @@ pub(crate) async fn register(
         })
 }
 
+/// Whether `table` exists: each backend looks in its own catalog.
 async fn table_exists(conn: Conn<'_>, table: &str) -> Result<bool, sqlx::Error> {
     match conn {
         Conn::Sqlite(c) => {

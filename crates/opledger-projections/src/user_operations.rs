@@ -14,14 +14,14 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use opledger_domain::operation::{OperationEvent, ReconcileOutcome, Status};
 use opledger_domain::{DecodeError, DomainEvent};
-use opledger_store::ReadPool;
 use opledger_store::chain::Link;
 use opledger_store::inline::ProjectionError;
+use opledger_store::{EitherRow, ReadPool, TextList, Time, either};
 use serde::Serialize;
 use sqlx::{PgConnection, SqliteConnection};
 
 use crate::projection::{Conn, Projection, Schema, in_category};
-use crate::rows::{self, TimeColumn, json_strings, read_error, required_time, signed};
+use crate::rows::{self, read_error, signed};
 
 pub use crate::rows::ReadError;
 
@@ -210,10 +210,7 @@ impl Projection for UserOperations {
             if batch.is_empty() {
                 return Ok(());
             }
-            match conn {
-                Conn::Sqlite(c) => apply_sqlite(c, table, batch).await,
-                Conn::Postgres(c) => apply_postgres(c, table, batch).await,
-            }
+            apply(conn, table, batch).await
         })
     }
 
@@ -225,20 +222,11 @@ impl Projection for UserOperations {
     ) -> Option<BoxFuture<'a, Result<(), ProjectionError>>> {
         Some(Box::pin(async move {
             let sql = format!("DELETE FROM \"{table}\" WHERE stream_id = $1");
-            match conn {
-                Conn::Sqlite(c) => {
-                    sqlx::query(sqlx::AssertSqlSafe(sql))
-                        .bind(stream)
-                        .execute(c)
-                        .await?;
-                }
-                Conn::Postgres(c) => {
-                    sqlx::query(sqlx::AssertSqlSafe(sql))
-                        .bind(stream)
-                        .execute(c)
-                        .await?;
-                }
-            }
+            either!(conn, c => sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(stream)
+                .execute(c)
+                .await
+                .map(drop)?);
             Ok(())
         }))
     }
@@ -293,25 +281,12 @@ const COLUMNS: &str = "operation_id, stream_id, bot, user_id, chat_id, action, b
      status, resolution, attempts, external_id, last_error, created_at, updated_at, \
      last_position";
 
-/// PostgreSQL's `integer` read as 64-bit, like SQLite's.
-const PG_COLUMNS: &str = "operation_id, stream_id, bot, user_id, chat_id, action, \
-     business_key, status, resolution, attempts::bigint, external_id, last_error, created_at, \
-     updated_at, last_position";
-
 const UPDATED: &str = "status = excluded.status, resolution = excluded.resolution, \
      attempts = excluded.attempts, external_id = excluded.external_id, \
      last_error = excluded.last_error, updated_at = excluded.updated_at, \
      last_position = excluded.last_position";
 
-fn decode_row<R>(row: &R) -> Result<UserOperation, sqlx::Error>
-where
-    R: TimeColumn,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+fn decode_row(row: &impl EitherRow) -> Result<UserOperation, sqlx::Error> {
     Ok(UserOperation {
         operation_id: row.try_get(0)?,
         stream_id: row.try_get(1)?,
@@ -322,36 +297,45 @@ where
         business_key: row.try_get(6)?,
         status: row.try_get(7)?,
         resolution: row.try_get(8)?,
-        attempts: rows::unsigned(row.try_get::<i64, _>(9)?, "attempts")?,
+        attempts: rows::unsigned(i64::from(row.try_get::<i32>(9)?), "attempts")?,
         external_id: row.try_get(10)?,
         last_error: row.try_get(11)?,
-        created_at: required_time(row, 12)?,
-        updated_at: required_time(row, 13)?,
-        last_position: rows::unsigned(row.try_get::<i64, _>(14)?, "last_position")?,
+        created_at: row.try_get::<Time>(12)?.0,
+        updated_at: row.try_get::<Time>(13)?.0,
+        last_position: rows::unsigned(row.try_get::<i64>(14)?, "last_position")?,
     })
 }
 
-async fn apply_sqlite(
-    conn: &mut SqliteConnection,
-    table: &str,
-    batch: Batch<'_>,
-) -> Result<(), ProjectionError> {
+/// Reads the rows the batch continues, folds, and writes the changed rows back with each
+/// backend's bulk upsert.
+async fn apply(mut conn: Conn<'_>, table: &str, batch: Batch<'_>) -> Result<(), ProjectionError> {
     let needed = needing_rows(&batch);
     let mut stored = HashMap::new();
     if !needed.is_empty() {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM \"{table}\" WHERE stream_id IN (SELECT value FROM json_each($1))"
-        );
-        for row in sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(json_strings(&needed))
-            .fetch_all(&mut *conn)
-            .await?
-        {
-            let row = decode_row(&row)?;
+        let streams = conn.backend().in_list("stream_id", "$1");
+        let sql = format!("SELECT {COLUMNS} FROM \"{table}\" WHERE {streams}");
+        let rows = either!(conn.reborrow(), c => sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(TextList(&needed))
+            .try_map(|row| decode_row(&row))
+            .fetch_all(c)
+            .await?);
+        for row in rows {
             stored.insert(row.stream_id.clone(), row);
         }
     }
     let rows = fold(batch, stored)?;
+    match conn {
+        Conn::Sqlite(c) => upsert_sqlite(c, table, &rows).await?,
+        Conn::Postgres(c) => upsert_postgres(c, table, &rows).await?,
+    }
+    Ok(())
+}
+
+async fn upsert_sqlite(
+    conn: &mut SqliteConnection,
+    table: &str,
+    rows: &[UserOperation],
+) -> Result<(), sqlx::Error> {
     let json: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
@@ -387,25 +371,11 @@ async fn apply_sqlite(
     Ok(())
 }
 
-async fn apply_postgres(
+async fn upsert_postgres(
     conn: &mut PgConnection,
     table: &str,
-    batch: Batch<'_>,
-) -> Result<(), ProjectionError> {
-    let needed = needing_rows(&batch);
-    let mut stored = HashMap::new();
-    if !needed.is_empty() {
-        let sql = format!("SELECT {PG_COLUMNS} FROM \"{table}\" WHERE stream_id = ANY($1)");
-        for row in sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&needed)
-            .fetch_all(&mut *conn)
-            .await?
-        {
-            let row = decode_row(&row)?;
-            stored.insert(row.stream_id.clone(), row);
-        }
-    }
-    let rows = fold(batch, stored)?;
+    rows: &[UserOperation],
+) -> Result<(), sqlx::Error> {
     let text = |f: fn(&UserOperation) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
     let sql = format!(
         "INSERT INTO \"{table}\" ({COLUMNS}) SELECT * FROM UNNEST($1::text[], $2::text[], \
@@ -481,36 +451,19 @@ async fn select(
     filter: Filter<'_>,
     limit: u32,
 ) -> Result<Vec<UserOperation>, ReadError> {
-    let sql = |columns: &str| {
-        format!(
-            "SELECT {columns} FROM \"{NAME}\" WHERE {} \
-             ORDER BY updated_at DESC, operation_id LIMIT ${}",
-            filter.condition(),
-            filter.limit_parameter()
-        )
-    };
+    let sql = format!(
+        "SELECT {COLUMNS} FROM \"{NAME}\" WHERE {} \
+         ORDER BY updated_at DESC, operation_id LIMIT ${}",
+        filter.condition(),
+        filter.limit_parameter()
+    );
     let limit = rows::limit(limit);
-    let error = read_error(NAME);
-    match pool {
-        ReadPool::Sqlite(pool) => {
-            let sql = sql(COLUMNS);
-            bind_filter!(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
-                .bind(limit)
-                .try_map(|row: sqlx::sqlite::SqliteRow| decode_row(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(error)
-        }
-        ReadPool::Postgres(pool) => {
-            let sql = sql(PG_COLUMNS);
-            bind_filter!(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
-                .bind(limit)
-                .try_map(|row: sqlx::postgres::PgRow| decode_row(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(error)
-        }
-    }
+    either!(pool, p => bind_filter!(sqlx::query(sqlx::AssertSqlSafe(sql)), filter)
+        .bind(limit)
+        .try_map(|row| decode_row(&row))
+        .fetch_all(p)
+        .await)
+    .map_err(read_error(NAME))
 }
 
 /// A user's operations with one bot, most recently changed first, at most `limit`.

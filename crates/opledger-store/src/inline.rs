@@ -3,24 +3,23 @@
 //! cannot be updated is not committed either.
 //!
 //! A projection's SQL lives with the projection (`opledger-projections`, `projections/`); the
-//! store only calls it at the right moments: once at open (`install_*`) and inside every append
-//! transaction with the batch's events in position order (`apply_*`).
+//! store only calls it at the right moments: once at open (`install`) and inside every append
+//! transaction with the batch's events in position order (`apply`).
 
 use std::error::Error as StdError;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
-use sqlx::{PgConnection, SqliteConnection};
-
+use crate::backend::Conn;
 use crate::chain::Link;
+use futures_util::future::BoxFuture;
 
 /// What a projection may fail with; a `sqlx::Error` inside is classified like the store's own.
 pub type ProjectionError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// A read model updated inside the append transaction.
 ///
-/// `apply_*` gets the batch's accepted events, each with its final position, stream version and
+/// `apply` gets the batch's accepted events, each with its final position, stream version and
 /// `recorded_at` ([`Link`]); it must be deterministic and touch only its own tables, because the
 /// same code rebuilds the model from the log.
 pub trait InlineProjection: Send + Sync + Debug + 'static {
@@ -28,28 +27,12 @@ pub trait InlineProjection: Send + Sync + Debug + 'static {
     fn name(&self) -> &'static str;
 
     /// Creates the projection's tables if missing; runs once when a store opens.
-    fn install_sqlite<'a>(
-        &'a self,
-        connection: &'a mut SqliteConnection,
-    ) -> BoxFuture<'a, Result<(), ProjectionError>>;
-
-    /// Creates the projection's tables if missing; runs once when a store opens.
-    fn install_postgres<'a>(
-        &'a self,
-        connection: &'a mut PgConnection,
-    ) -> BoxFuture<'a, Result<(), ProjectionError>>;
+    fn install<'a>(&'a self, connection: Conn<'a>) -> BoxFuture<'a, Result<(), ProjectionError>>;
 
     /// Applies a batch's events inside its transaction.
-    fn apply_sqlite<'a>(
+    fn apply<'a>(
         &'a self,
-        connection: &'a mut SqliteConnection,
-        events: &'a [Link<'a>],
-    ) -> BoxFuture<'a, Result<(), ProjectionError>>;
-
-    /// Applies a batch's events inside its transaction.
-    fn apply_postgres<'a>(
-        &'a self,
-        connection: &'a mut PgConnection,
+        connection: Conn<'a>,
         events: &'a [Link<'a>],
     ) -> BoxFuture<'a, Result<(), ProjectionError>>;
 }

@@ -2,7 +2,8 @@
 //! optimistic concurrency per stream.
 //!
 //! - [`EventStore`] is the contract; [`SqliteStore`] is the embedded backend, [`PgStore`] the
-//!   one several instances share; [`AnyStore`] picks one from a database URL.
+//!   one several instances share; [`AnyStore`] picks one from a database URL, and
+//!   [`Either`] with [`either!`] is how code says "either backend" once.
 //! - Appends are group-committed ([`GroupCommitOptions`]): concurrent calls share one durable
 //!   transaction, and each caller gets its own result.
 //! - Positions are gapless and in commit order, so "the last position I saw" is a safe cursor.
@@ -13,6 +14,7 @@
 //! meaning; payloads are opaque JSON bytes.
 
 mod any;
+mod backend;
 mod batch;
 pub mod chain;
 mod columns;
@@ -21,13 +23,15 @@ mod group_commit;
 pub mod inline;
 mod model;
 pub mod postgres;
+mod read;
 mod reader;
 pub mod sqlite;
 mod store;
 mod tail;
 pub mod verify;
 
-pub use any::{AnyOptions, AnyStore, ReadPool};
+pub use any::{AnyOptions, AnyStore};
+pub use backend::{Backend, Conn, Either, EitherRow, OwnedConn, ReadPool, TextList, Time, Txn};
 pub use chain::Hash;
 pub use error::{InvalidRequest, OpenError, PositionGap, SharedSource, StoreError};
 pub use group_commit::GroupCommitOptions;

@@ -13,32 +13,22 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures_util::TryStreamExt;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
-use sqlx::{ConnectOptions, Row};
+use sqlx::ConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use tokio::sync::mpsc;
 
-use crate::any::ReadPool;
-use crate::columns::{
-    LIST_STREAMS, POSITION_TIME, READ_HEAD, READ_RANGE, READ_STREAM, limit_param, lower_bound,
-    to_i64,
-};
+use crate::backend::{Either, ReadPool};
+use crate::either;
 use crate::error::{OpenError, StoreError};
-use crate::model::{
-    Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion, micros_to_datetime,
-};
-use crate::{postgres, sqlite};
+use crate::model::{Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion};
+use crate::{postgres, read, sqlite};
 
 /// How long to wait for a connection or a busy SQLite file.
 const WAIT: Duration = Duration::from_secs(10);
 
 /// A read-only connection pool on a ledger of either backend. Cheap to clone.
-#[derive(Clone, Debug)]
-pub enum LedgerReader {
-    Sqlite(SqlitePool),
-    Postgres(PgPool),
-}
+pub type LedgerReader = Either<SqlitePool, PgPool>;
 
 impl LedgerReader {
     /// Opens the ledger at `url` read-only. It must exist and be an opledger ledger: nothing is
@@ -59,7 +49,7 @@ impl LedgerReader {
                 .connect_with(connect)
                 .await
                 .map_err(postgres::open_error)?;
-            LedgerReader::Postgres(pool)
+            Either::Postgres(pool)
         } else if url.starts_with("sqlite:") {
             if url.contains(":memory:") || url.contains("mode=memory") {
                 return Err(OpenError::BadUrl {
@@ -107,7 +97,7 @@ impl LedgerReader {
                 .connect_with(connect)
                 .await
                 .map_err(sqlite::open_error)?;
-            LedgerReader::Sqlite(pool)
+            Either::Sqlite(pool)
         } else {
             let scheme = url.split_once(':').map_or("none", |(scheme, _)| scheme);
             return Err(OpenError::BadUrl {
@@ -125,13 +115,15 @@ impl LedgerReader {
         const NEWEST: &str = "SELECT max(version) FROM _sqlx_migrations";
         // A SQLite ledger in WAL mode also needs its shared-memory file, which a read-only
         // directory may not let SQLite create: that is said as such.
-        self.head_sql().await.map_err(|source| match self {
-            LedgerReader::Sqlite(_) => match sqlite::open_error(source) {
-                OpenError::Unreachable { source } => OpenError::NotALedger { source },
-                other => other,
-            },
-            LedgerReader::Postgres(_) => OpenError::NotALedger { source },
-        })?;
+        read::pool_head(self.pool())
+            .await
+            .map_err(|source| match self {
+                LedgerReader::Sqlite(_) => match sqlite::open_error(source) {
+                    OpenError::Unreachable { source } => OpenError::NotALedger { source },
+                    other => other,
+                },
+                LedgerReader::Postgres(_) => OpenError::NotALedger { source },
+            })?;
         let (found, migrator) = match self {
             LedgerReader::Sqlite(pool) => (
                 sqlx::query_scalar(NEWEST).fetch_one(pool).await,
@@ -161,46 +153,22 @@ impl LedgerReader {
 
     /// The pool, for read models that live in the ledger's database (`operation_status`).
     pub fn pool(&self) -> ReadPool<'_> {
-        match self {
-            LedgerReader::Sqlite(pool) => ReadPool::Sqlite(pool),
-            LedgerReader::Postgres(pool) => ReadPool::Postgres(pool),
-        }
+        self.as_ref()
     }
 
     /// Releases every connection.
     pub async fn close(&self) {
-        match self {
-            LedgerReader::Sqlite(pool) => pool.close().await,
-            LedgerReader::Postgres(pool) => pool.close().await,
-        }
+        either!(self, pool => pool.close().await)
     }
 
     /// Sorts a database error into "retry later" and "bug or corruption".
     pub(crate) fn classify(&self, operation: &'static str, error: sqlx::Error) -> StoreError {
-        match self {
-            LedgerReader::Sqlite(_) => sqlite::classify(operation, error),
-            LedgerReader::Postgres(_) => postgres::classify(operation, error),
-        }
-    }
-
-    async fn head_sql(&self) -> Result<Head, sqlx::Error> {
-        match self {
-            LedgerReader::Sqlite(pool) => {
-                let row = sqlx::query(READ_HEAD).fetch_one(pool).await?;
-                sqlite::head_from_row(&row)
-            }
-            LedgerReader::Postgres(pool) => {
-                let mut connection = pool.acquire().await?;
-                postgres::read_head(&mut connection).await
-            }
-        }
+        read::classify(self.backend(), operation, error)
     }
 
     /// The last committed position and hash, as the `ledger_head` row says.
     pub async fn head(&self) -> Result<Head, StoreError> {
-        self.head_sql()
-            .await
-            .map_err(|e| self.classify("reading the head", e))
+        read::head(self.pool()).await
     }
 
     /// Events with `from <= position <= to`, in position order, at most `limit`.
@@ -210,35 +178,7 @@ impl LedgerReader {
         to: Position,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let classify = |e| self.classify("reading events", e);
-        let Some(from) = lower_bound(from) else {
-            return Ok(Vec::new());
-        };
-        let (to, limit) = (to_i64(to.min(i64::MAX as u64)), limit_param(limit));
-        let mut events = Vec::new();
-        match self {
-            LedgerReader::Sqlite(pool) => {
-                let mut rows = sqlx::query(READ_RANGE)
-                    .bind(from)
-                    .bind(to)
-                    .bind(limit)
-                    .fetch(pool);
-                while let Some(row) = rows.try_next().await.map_err(classify)? {
-                    events.push(sqlite::event_from_row(&row).map_err(classify)?);
-                }
-            }
-            LedgerReader::Postgres(pool) => {
-                let mut rows = sqlx::query(READ_RANGE)
-                    .bind(from)
-                    .bind(to)
-                    .bind(limit)
-                    .fetch(pool);
-                while let Some(row) = rows.try_next().await.map_err(classify)? {
-                    events.push(postgres::event_from_row(&row).map_err(classify)?);
-                }
-            }
-        }
-        Ok(events)
+        read::read_range(self.pool(), from, to, limit).await
     }
 
     /// Events `from..=to` in pages of at most `page` events, read by a task of its own a few
@@ -292,28 +232,7 @@ impl LedgerReader {
         from_version: StreamVersion,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let classify = |e| self.classify("reading a stream", e);
-        let Some(from_version) = lower_bound(from_version) else {
-            return Ok(Vec::new());
-        };
-        match self {
-            LedgerReader::Sqlite(pool) => sqlx::query(READ_STREAM)
-                .bind(stream.as_str())
-                .bind(from_version)
-                .bind(limit_param(limit))
-                .try_map(|row: SqliteRow| sqlite::event_from_row(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(classify),
-            LedgerReader::Postgres(pool) => sqlx::query(READ_STREAM)
-                .bind(stream.as_str())
-                .bind(from_version)
-                .bind(limit_param(limit))
-                .try_map(|row: PgRow| postgres::event_from_row(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(classify),
-        }
+        read::read_stream(self.pool(), stream, from_version, limit).await
     }
 
     /// Streams in id order, starting after `after`, at most `limit`.
@@ -322,24 +241,7 @@ impl LedgerReader {
         after: Option<&StreamId>,
         limit: usize,
     ) -> Result<Vec<StreamInfo>, StoreError> {
-        let classify = |e| self.classify("listing streams", e);
-        let after = after.map_or("", StreamId::as_str);
-        match self {
-            LedgerReader::Sqlite(pool) => sqlx::query(LIST_STREAMS)
-                .bind(after)
-                .bind(limit_param(limit))
-                .try_map(|row: SqliteRow| sqlite::stream_from_row(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(classify),
-            LedgerReader::Postgres(pool) => sqlx::query(LIST_STREAMS)
-                .bind(after)
-                .bind(limit_param(limit))
-                .try_map(|row: PgRow| postgres::stream_from_row(&row))
-                .fetch_all(pool)
-                .await
-                .map_err(classify),
-        }
+        read::list_streams(self.pool(), after, limit).await
     }
 
     /// The first event at or after `position`: its position and when it was recorded.
@@ -347,30 +249,7 @@ impl LedgerReader {
         &self,
         position: Position,
     ) -> Result<Option<(Position, DateTime<Utc>)>, StoreError> {
-        let classify = |e| self.classify("reading when an event was recorded", e);
-        let Some(position) = lower_bound(position) else {
-            return Ok(None);
-        };
-        let row = match self {
-            LedgerReader::Sqlite(pool) => sqlx::query(POSITION_TIME)
-                .bind(position)
-                .try_map(|row: SqliteRow| {
-                    Ok((
-                        row.try_get::<i64, _>(0)?,
-                        micros_to_datetime(row.try_get(1)?),
-                    ))
-                })
-                .fetch_optional(pool)
-                .await
-                .map_err(classify)?,
-            LedgerReader::Postgres(pool) => sqlx::query(POSITION_TIME)
-                .bind(position)
-                .try_map(|row: PgRow| Ok((row.try_get::<i64, _>(0)?, row.try_get(1)?)))
-                .fetch_optional(pool)
-                .await
-                .map_err(classify)?,
-        };
-        Ok(row.map(|(p, at)| (u64::try_from(p).unwrap_or(0), at)))
+        read::time_at(self.pool(), position).await
     }
 
     /// The last position recorded at or before `time` (0 if the first event is later), among

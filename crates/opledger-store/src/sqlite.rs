@@ -10,25 +10,20 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
 };
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 
+use crate::backend::{Either, ReadPool};
 use crate::batch::{Plan, Sealed};
-use crate::columns::{
-    LIST_STREAMS, READ_ALL, READ_HEAD, READ_STREAM, STREAM_VERSION, limit_param, lower_bound,
-    to_hash, to_i64, to_schema_version, to_stream_id, to_u64,
-};
+use crate::columns::{to_hash, to_i64, to_stream_id, to_u64};
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions};
 use crate::inline::InlineProjections;
-use crate::model::{
-    AppendRequest, Appended, Head, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion,
-    micros_to_datetime,
-};
+use crate::model::{AppendRequest, Appended, Head, StreamId, StreamVersion};
+use crate::read;
 use crate::store::{EventStore, HeadWatch};
 
 /// The schema migrations of the SQLite backend, embedded in the binary.
@@ -100,14 +95,16 @@ impl SqliteStore {
         migrate(&mut writer).await?;
         for projection in &options.inline {
             projection
-                .install_sqlite(&mut writer)
+                .install((&mut writer).into())
                 .await
                 .map_err(|source| OpenError::Projection {
                     name: projection.name(),
                     source,
                 })?;
         }
-        let head = read_head(&mut writer).await.map_err(open_error)?;
+        let head = read::read_head((&mut writer).into())
+            .await
+            .map_err(open_error)?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.read_connections.max(1))
             .connect_with(
@@ -160,6 +157,11 @@ impl SqliteStore {
     /// transactions (asynchronous projections, rebuilds). Never for the ledger's own tables.
     pub fn projection_pool(&self) -> &SqlitePool {
         &self.inner.projections
+    }
+
+    /// The read pool, for the reads both backends share.
+    fn pool(&self) -> ReadPool<'_> {
+        Either::Sqlite(&self.inner.readers)
     }
 }
 
@@ -295,134 +297,12 @@ pub(crate) fn classify(operation: &'static str, error: sqlx::Error) -> StoreErro
     }
 }
 
-pub(crate) async fn read_head(connection: &mut SqliteConnection) -> Result<Head, sqlx::Error> {
-    let row = sqlx::query(READ_HEAD).fetch_one(connection).await?;
-    head_from_row(&row)
-}
-
-pub(crate) fn head_from_row(row: &SqliteRow) -> Result<Head, sqlx::Error> {
-    let position: i64 = row.try_get(0)?;
-    let hash: Vec<u8> = row.try_get(1)?;
-    Ok(Head {
-        position: to_u64(position, "last_position")?,
-        hash: to_hash(&hash, "last_hash")?,
-    })
-}
-
-/// A row of [`LIST_STREAMS`].
-pub(crate) fn stream_from_row(row: &SqliteRow) -> Result<StreamInfo, sqlx::Error> {
-    Ok(StreamInfo {
-        stream_id: to_stream_id(row.try_get(0)?)?,
-        category: row.try_get(1)?,
-        version: to_u64(row.try_get(2)?, "version")?,
-        created_at: micros_to_datetime(row.try_get(3)?),
-    })
-}
-
-pub(crate) fn event_from_row(row: &SqliteRow) -> Result<RecordedEvent, sqlx::Error> {
-    let event_id: Vec<u8> = row.try_get(3)?;
-    Ok(RecordedEvent {
-        position: to_u64(row.try_get(0)?, "position")?,
-        stream_id: to_stream_id(row.try_get(1)?)?,
-        version: to_u64(row.try_get(2)?, "version")?,
-        event_id: uuid::Uuid::from_slice(&event_id).map_err(|e| sqlx::Error::ColumnDecode {
-            index: "event_id".into(),
-            source: Box::new(e),
-        })?,
-        event_type: row.try_get(4)?,
-        schema_version: to_schema_version(row.try_get(5)?)?,
-        payload: row.try_get(6)?,
-        metadata: row.try_get(7)?,
-        recorded_at: micros_to_datetime(row.try_get(8)?),
-        prev_hash: to_hash(&row.try_get::<Vec<u8>, _>(9)?, "prev_hash")?,
-        hash: to_hash(&row.try_get::<Vec<u8>, _>(10)?, "hash")?,
-    })
-}
-
 impl EventStore for SqliteStore {
     async fn append(&self, requests: Vec<AppendRequest>) -> Result<Appended, StoreError> {
         self.inner.appender.append(requests).await
     }
 
-    async fn read_stream(
-        &self,
-        stream: &StreamId,
-        from_version: StreamVersion,
-        limit: usize,
-    ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let Some(from_version) = lower_bound(from_version) else {
-            return Ok(Vec::new());
-        };
-        sqlx::query(READ_STREAM)
-            .bind(stream.as_str())
-            .bind(from_version)
-            .bind(limit_param(limit))
-            .try_map(|row: SqliteRow| event_from_row(&row))
-            .fetch_all(&self.inner.readers)
-            .await
-            .map_err(|e| classify("reading a stream", e))
-    }
-
-    async fn read_all(
-        &self,
-        from: Position,
-        limit: usize,
-    ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let Some(from) = lower_bound(from) else {
-            return Ok(Vec::new());
-        };
-        let mut events = Vec::with_capacity(limit.min(4096));
-        let mut rows = sqlx::query(READ_ALL)
-            .bind(from)
-            .bind(limit_param(limit))
-            .fetch(&self.inner.readers);
-        while let Some(row) = rows
-            .try_next()
-            .await
-            .map_err(|e| classify("reading events", e))?
-        {
-            events.push(event_from_row(&row).map_err(|e| classify("reading events", e))?);
-        }
-        Ok(events)
-    }
-
-    async fn head(&self) -> Result<Head, StoreError> {
-        let mut connection = self
-            .inner
-            .readers
-            .acquire()
-            .await
-            .map_err(|e| classify("reading the head", e))?;
-        read_head(&mut connection)
-            .await
-            .map_err(|e| classify("reading the head", e))
-    }
-
-    async fn stream_version(&self, stream: &StreamId) -> Result<StreamVersion, StoreError> {
-        let version: Option<i64> = sqlx::query_scalar(STREAM_VERSION)
-            .bind(stream.as_str())
-            .fetch_optional(&self.inner.readers)
-            .await
-            .map_err(|e| classify("reading a stream version", e))?;
-        match version {
-            None => Ok(0),
-            Some(v) => to_u64(v, "version").map_err(|e| classify("reading a stream version", e)),
-        }
-    }
-
-    async fn list_streams(
-        &self,
-        after: Option<&StreamId>,
-        limit: usize,
-    ) -> Result<Vec<StreamInfo>, StoreError> {
-        sqlx::query(LIST_STREAMS)
-            .bind(after.map_or("", StreamId::as_str))
-            .bind(limit_param(limit))
-            .try_map(|row: SqliteRow| stream_from_row(&row))
-            .fetch_all(&self.inner.readers)
-            .await
-            .map_err(|e| classify("listing streams", e))
-    }
+    read::event_store_reads!(self => self.pool());
 
     fn subscribe(&self) -> HeadWatch {
         self.inner.appender.subscribe()
@@ -545,7 +425,7 @@ async fn write_batch(
         let events: Vec<_> = sealed.rows.iter().map(|row| row.link).collect();
         for projection in inline {
             projection
-                .apply_sqlite(connection, &events)
+                .apply(Either::Sqlite(&mut *connection), &events)
                 .await
                 .map_err(|e| crate::inline::failed(projection.name(), e, retryable))?;
         }

@@ -30,14 +30,16 @@ use futures_util::TryStreamExt;
 use sqlx::{Executor, Row};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::backend::Backend;
 use crate::chain::Hash;
 use crate::columns::{
     COUNT_STREAMS, EVENT_POSITION, SCAN_EVENTS, STREAM_EVENTS, STREAM_ROWS, STREAMS_MISSING, to_u64,
 };
+use crate::either;
 use crate::error::StoreError;
 use crate::model::{Head, Position, RecordedEvent, StreamVersion, event_id};
+use crate::read::{event_from_row, read_head};
 use crate::reader::LedgerReader;
-use crate::{postgres, sqlite};
 
 /// The first thing found wrong, with the position where it shows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -434,30 +436,12 @@ async fn scan_events(
     events: mpsc::Sender<Result<Vec<RecordedEvent>, StoreError>>,
 ) {
     let mut head = Some(head);
-    let result = match &reader {
-        LedgerReader::Sqlite(pool) => {
-            snapshot!(pool, "BEGIN", |connection| {
-                scan_events_on!(
-                    connection,
-                    sqlite::read_head(connection),
-                    sqlite::event_from_row,
-                    head,
-                    events
-                )
-            })
-        }
-        LedgerReader::Postgres(pool) => {
-            snapshot!(pool, PG_SNAPSHOT, |connection| {
-                scan_events_on!(
-                    connection,
-                    postgres::read_head(connection),
-                    postgres::event_from_row,
-                    head,
-                    events
-                )
-            })
-        }
-    };
+    let begin = snapshot_begin(reader.backend());
+    let result = either!(&reader, pool => {
+        snapshot!(pool, begin, |connection| {
+            scan_events_on!(connection, head, events)
+        })
+    });
     if let Err(error) = result {
         let error = reader.classify("verifying the ledger", error);
         match head.take() {
@@ -476,18 +460,12 @@ async fn scan_events(
 async fn check_streams(reader: LedgerReader) -> Result<(u64, Option<Broken>), StoreError> {
     let mut found = Vec::new();
     let mut streams = 0;
-    let result = match &reader {
-        LedgerReader::Sqlite(pool) => {
-            snapshot!(pool, "BEGIN", |connection| {
-                check_streams_on!(connection, streams, found)
-            })
-        }
-        LedgerReader::Postgres(pool) => {
-            snapshot!(pool, PG_SNAPSHOT, |connection| {
-                check_streams_on!(connection, streams, found)
-            })
-        }
-    };
+    let begin = snapshot_begin(reader.backend());
+    let result = either!(&reader, pool => {
+        snapshot!(pool, begin, |connection| {
+            check_streams_on!(connection, streams, found)
+        })
+    });
     result.map_err(|e| reader.classify("verifying the ledger's streams", e))?;
     let broken = found
         .into_iter()
@@ -501,6 +479,15 @@ async fn check_streams(reader: LedgerReader) -> Result<(u64, Option<Broken>), St
 const PG_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; \
      SET LOCAL enable_sort = off; SET LOCAL enable_hashagg = off; \
      SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; SET LOCAL jit = off";
+
+/// How a snapshot begins: where the backends differ in taking it (on SQLite a deferred
+/// `BEGIN`, whose first read takes the snapshot).
+fn snapshot_begin(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "BEGIN",
+        Backend::Postgres => PG_SNAPSHOT,
+    }
+}
 
 /// Runs `$body` with a connection of `$pool` inside a read transaction begun by `$begin` (on
 /// SQLite a deferred `BEGIN`: its first read takes the snapshot every later read sees), then
@@ -527,8 +514,8 @@ use snapshot;
 
 /// The first pass's reads on one connection (see [`scan_events`]).
 macro_rules! scan_events_on {
-    ($connection:ident, $read_head:expr, $event_from_row:path, $head:ident, $events:ident) => {{
-        let head_row = $read_head.await?;
+    ($connection:ident, $head:ident, $events:ident) => {{
+        let head_row = read_head((&mut *$connection).into()).await?;
         let Some(sender) = $head.take() else {
             return Ok(());
         };
@@ -538,7 +525,7 @@ macro_rules! scan_events_on {
         let mut rows = sqlx::query(SCAN_EVENTS).fetch(&mut *$connection);
         let mut chunk = Vec::with_capacity(CHUNK);
         while let Some(row) = rows.try_next().await? {
-            chunk.push($event_from_row(&row)?);
+            chunk.push(event_from_row(&row)?);
             if chunk.len() == CHUNK {
                 let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
                 if $events.send(Ok(full)).await.is_err() {

@@ -9,8 +9,8 @@ use anyhow::Context;
 use clap::builder::PossibleValuesParser;
 use opledger_projections::rebuild::{self, Phase, Progress, RebuildOptions};
 use opledger_projections::registry::{self, ProjectionStatus};
-use opledger_projections::{Backend, Projection, definition_hash};
-use opledger_store::{AnyStore, LedgerReader, ReadPool, StreamId};
+use opledger_projections::{Projection, definition_hash};
+use opledger_store::{AnyStore, LedgerReader, StreamId};
 
 use crate::cmd::serve::runner_id;
 use crate::database;
@@ -86,10 +86,7 @@ async fn list(reader: &LedgerReader, json: bool) -> anyhow::Result<()> {
         .await
         .context("cannot list the projections")?;
     // Built-in read models not registered yet (no `opledger serve` ran since they were added).
-    let backend = match reader.pool() {
-        ReadPool::Sqlite(_) => Backend::Sqlite,
-        ReadPool::Postgres(_) => Backend::Postgres,
-    };
+    let backend = reader.backend();
     let head = reader.head().await?.position;
     for projection in opledger_projections::builtin() {
         if rows.iter().any(|r| r.name == projection.name()) {
