@@ -180,3 +180,216 @@ fn telegram_fixtures_match_the_shared_copy() {
          as tests/fixtures/telegram/README.md says"
     );
 }
+
+/// The workspace crates a crate's `[dependencies]` name (dev-dependencies may reach higher: a
+/// crate's tests can use what depends on it).
+fn workspace_dependencies(krate: &str) -> std::collections::BTreeSet<String> {
+    let path = workspace_root()
+        .join("crates")
+        .join(krate)
+        .join("Cargo.toml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let manifest: toml::Table = text.parse().expect("a crate manifest is TOML");
+    ["dependencies", "build-dependencies"]
+        .iter()
+        .filter_map(|table| manifest.get(*table).and_then(toml::Value::as_table))
+        .flat_map(|deps| deps.keys())
+        .filter(|name| name.starts_with("opledger"))
+        .cloned()
+        .collect()
+}
+
+/// The crates in `crates/`, by folder name.
+fn workspace_crates() -> Vec<String> {
+    let mut crates: Vec<String> = std::fs::read_dir(workspace_root().join("crates"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.join("Cargo.toml").is_file())
+        .map(|path| path.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    crates.sort();
+    crates
+}
+
+/// The crate graph is layered as `docs/ARCHITECTURE.md` draws it: each crate may depend only on
+/// the workspace crates listed for it here, and a new crate must take its place in the table.
+#[test]
+fn each_crate_depends_only_on_the_crates_below_it() {
+    const DOMAIN: &str = "opledger-domain";
+    const STORE: &str = "opledger-store";
+    const TELEGRAM: &str = "opledger-telegram";
+    const CONFIG: &str = "opledger-config";
+    const LEDGER: &str = "opledger-ledger";
+    const PROJECTIONS: &str = "opledger-projections";
+    const AUDIT: &str = "opledger-audit";
+    const SERVER: &str = "opledger-server";
+    const WORKER: &str = "opledger-worker";
+    let service: &[&str] = &[CONFIG, DOMAIN, LEDGER, PROJECTIONS, STORE, TELEGRAM];
+    let layers: &[(&str, &[&str])] = &[
+        (DOMAIN, &[]),
+        (STORE, &[]),
+        (TELEGRAM, &[]),
+        (CONFIG, &[DOMAIN]),
+        (LEDGER, &[DOMAIN, STORE]),
+        (PROJECTIONS, &[DOMAIN, STORE]),
+        (AUDIT, &[LEDGER, STORE]),
+        (SERVER, service),
+        (WORKER, service),
+        (
+            "opledger-cli",
+            &[
+                AUDIT,
+                CONFIG,
+                DOMAIN,
+                LEDGER,
+                PROJECTIONS,
+                SERVER,
+                STORE,
+                TELEGRAM,
+                WORKER,
+            ],
+        ),
+    ];
+    let mut problems = Vec::new();
+    for krate in workspace_crates() {
+        let Some((_, allowed)) = layers.iter().find(|(name, _)| *name == krate) else {
+            problems.push(format!(
+                "{krate} has no place in the layer table of tidy.rs"
+            ));
+            continue;
+        };
+        for dependency in workspace_dependencies(&krate) {
+            if !allowed.contains(&dependency.as_str()) {
+                problems.push(format!("{krate} must not depend on {dependency}"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// The three edges the architecture rests on, named on their own so a failure says which.
+#[test]
+fn the_store_and_domain_depend_on_no_workspace_crate_and_the_server_not_on_the_worker() {
+    for krate in ["opledger-store", "opledger-domain", "opledger-telegram"] {
+        let dependencies = workspace_dependencies(krate);
+        assert!(
+            dependencies.is_empty(),
+            "{krate} must stand alone, but depends on {dependencies:?}"
+        );
+    }
+    assert!(
+        !workspace_dependencies("opledger-server").contains("opledger-worker"),
+        "the server must not depend on the worker: serve composes them in the CLI"
+    );
+}
+
+/// The top-level modules (`src/<name>.rs` or `src/<name>/`) of a crate that each module refers
+/// to through `crate::`.
+fn module_references(
+    krate: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = workspace_root().join("crates").join(krate).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for path in files {
+        let relative = path.strip_prefix(&src).unwrap();
+        let first = relative
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let module = first.trim_end_matches(".rs").to_string();
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let references = graph.entry(module.clone()).or_default();
+        let mut rest = code.as_str();
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name != module {
+                references.insert(name);
+            }
+        }
+    }
+    graph
+}
+
+/// Crates whose modules still refer to each other in a circle, with why; each entry is checked to
+/// still be needed, so the list only shrinks.
+const MODULE_CYCLES_LEFT: &[(&str, &str)] = &[
+    (
+        "opledger-domain",
+        "the shared error type names operation states and ids, which name it back",
+    ),
+    (
+        "opledger-store",
+        "the model, its errors, the chain and inline projections share types both ways",
+    ),
+    (
+        "opledger-projections",
+        "the runner starts background rebuilds, which share the runner's page reader",
+    ),
+    (
+        "opledger-server",
+        "the app builds the routers, whose handlers take the app's shared state",
+    ),
+];
+
+/// The cycles among a crate's top-level modules, one line per module that reaches itself.
+fn module_cycles(krate: &str) -> Vec<String> {
+    let graph = module_references(krate);
+    let mut cycles = Vec::new();
+    // Depth-first search for a path back to the start, from every module.
+    for start in graph.keys() {
+        let mut stack: Vec<Vec<&String>> = vec![vec![start]];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(path) = stack.pop() {
+            let last = *path.last().unwrap();
+            for next in graph.get(last).into_iter().flatten() {
+                if next == start {
+                    let names: Vec<&str> = path.iter().map(|m| m.as_str()).collect();
+                    cycles.push(format!("{krate}: {} -> {start}", names.join(" -> ")));
+                } else if graph.contains_key(next) && seen.insert(next) {
+                    let mut longer = path.clone();
+                    longer.push(next);
+                    stack.push(longer);
+                }
+            }
+        }
+    }
+    cycles.sort();
+    cycles
+}
+
+/// Within a crate, no module uses one that uses it back (directly or through others): each
+/// module can be read knowing only the ones below it (the worker: `worker` -> `call` and
+/// `reply` -> `handle`; `reconcile` -> `handle`).
+#[test]
+fn no_module_uses_a_module_that_uses_it() {
+    let mut problems = Vec::new();
+    for krate in workspace_crates() {
+        let cycles = module_cycles(&krate);
+        let exempt = MODULE_CYCLES_LEFT.iter().any(|(name, _)| *name == krate);
+        if exempt && cycles.is_empty() {
+            problems.push(format!(
+                "{krate} has no module cycle left: drop it from MODULE_CYCLES_LEFT"
+            ));
+        } else if !exempt {
+            problems.extend(cycles);
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
