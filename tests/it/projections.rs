@@ -25,8 +25,8 @@ use opledger_projections::operation_status::{self, Filter, OperationStatus, Oper
 use opledger_projections::rebuild::{self, RebuildOptions};
 use opledger_projections::registry::{self, State};
 use opledger_projections::{
-    Backend as DbBackend, Conn, Projection, Projector, ProjectorError, ProjectorOptions, Schema,
-    definition_hash,
+    Backend as DbBackend, Conn, Definition, Projection, Projector, ProjectorError,
+    ProjectorOptions, definition_hash,
 };
 use opledger_store::chain::Link;
 use opledger_store::inline::ProjectionError;
@@ -82,23 +82,8 @@ const POSTGRES: &str = "CREATE TABLE \"{table}\" (position bigint PRIMARY KEY, \
      CREATE INDEX \"{index}_by_stream\" ON \"{table}\" (stream_id, version);\n";
 
 impl Projection for Positions {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn code_version(&self) -> u32 {
-        self.code_version
-    }
-
-    fn schema(&self) -> Schema {
-        Schema {
-            sqlite: SQLITE,
-            postgres: POSTGRES,
-        }
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &["", "_streams"]
+    fn definition(&self) -> Definition {
+        Definition::new(NAME, self.code_version, SQLITE, POSTGRES).with_tables(&["", "_streams"])
     }
 
     fn apply<'a>(

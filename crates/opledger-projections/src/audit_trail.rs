@@ -31,7 +31,7 @@ use opledger_store::{EitherRow, ReadPool, Time, either};
 use serde::Serialize;
 use sqlx::{PgConnection, SqliteConnection};
 
-use crate::projection::{Conn, Projection, Schema, in_category};
+use crate::projection::{Conn, Definition, Projection, in_category};
 use crate::rows::{
     self, CopyText, SQLITE_PARAMETERS, SQLITE_ROWS_PER_STATEMENT, category, kept_prepared,
     read_error, signed, sqlite_values,
@@ -55,23 +55,8 @@ const SUMMARY_MAX: usize = 200;
 pub struct AuditTrail;
 
 impl Projection for AuditTrail {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn code_version(&self) -> u32 {
-        1
-    }
-
-    fn schema(&self) -> Schema {
-        Schema {
-            sqlite: SQLITE_SCHEMA,
-            postgres: POSTGRES_SCHEMA,
-        }
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &["", "_streams"]
+    fn definition(&self) -> Definition {
+        Definition::new(NAME, 1, SQLITE_SCHEMA, POSTGRES_SCHEMA).with_tables(&["", "_streams"])
     }
 
     fn apply<'a>(

@@ -23,7 +23,7 @@ pub mod runner;
 pub mod user_operations;
 
 pub use error::ProjectorError;
-pub use projection::{Backend, Conn, Projection, Schema, definition_hash};
+pub use projection::{Backend, Conn, Definition, Projection, Schema, definition_hash};
 pub use runner::{Projector, ProjectorOptions};
 
 use std::sync::Arc;

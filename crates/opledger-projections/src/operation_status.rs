@@ -17,7 +17,7 @@ use opledger_store::{EitherRow, ReadPool, TextList, Time, either};
 use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 
-use crate::projection::{Backend, Conn, Projection, Schema};
+use crate::projection::{Backend, Conn, Definition, Projection};
 
 /// The SQLite schema (`projections/operation_status/sqlite.sql`).
 pub const SQLITE_SCHEMA: &str = include_str!("../../../projections/operation_status/sqlite.sql");
@@ -608,23 +608,8 @@ impl InlineProjection for OperationStatus {
 }
 
 impl Projection for OperationStatus {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn code_version(&self) -> u32 {
-        1
-    }
-
-    fn schema(&self) -> Schema {
-        Schema {
-            sqlite: SQLITE_SCHEMA,
-            postgres: POSTGRES_SCHEMA,
-        }
-    }
-
-    fn inline(&self) -> bool {
-        true
+    fn definition(&self) -> Definition {
+        Definition::new(NAME, 1, SQLITE_SCHEMA, POSTGRES_SCHEMA).inline()
     }
 
     fn apply<'a>(

@@ -61,28 +61,83 @@ impl Schema {
 /// The line that separates tables from indexes in a schema file.
 pub const INDEXES_MARKER: &str = "\n-- indexes\n";
 
-/// A read model: a deterministic fold of the ledger's events into tables.
-pub trait Projection: Send + Sync + Debug + 'static {
+/// What names a projection and gives its tables their meaning: everything but the fold.
+#[derive(Clone, Copy, Debug)]
+pub struct Definition {
     /// A stable name: `[a-z_]+`, also its main table's name once active.
-    fn name(&self) -> &'static str;
-
+    pub name: &'static str,
     /// Bumped whenever the fold's meaning changes; part of the definition hash, with the
     /// schema, so that a changed definition is rebuilt.
-    fn code_version(&self) -> u32;
-
+    pub code_version: u32,
     /// The schema per backend.
-    fn schema(&self) -> Schema;
-
+    pub schema: Schema,
     /// The suffixes of the projection's tables after `{table}`: `""` for the main one, e.g.
     /// `"_ops"` for `"{table}_ops"`. A flip renames each.
-    fn tables(&self) -> &'static [&'static str] {
-        &[""]
-    }
-
+    pub tables: &'static [&'static str],
     /// Whether the store keeps it inside every append transaction (only `operation_status`):
     /// its flips happen under the ledger's write lock and it has no runner of its own.
+    pub inline: bool,
+}
+
+impl Definition {
+    /// An asynchronous projection with one table, `{table}`.
+    pub const fn new(
+        name: &'static str,
+        code_version: u32,
+        sqlite: &'static str,
+        postgres: &'static str,
+    ) -> Definition {
+        Definition {
+            name,
+            code_version,
+            schema: Schema { sqlite, postgres },
+            tables: &[""],
+            inline: false,
+        }
+    }
+
+    /// The same with these table suffixes (`""` first, for the main table).
+    pub const fn with_tables(self, tables: &'static [&'static str]) -> Definition {
+        Definition { tables, ..self }
+    }
+
+    /// The same, kept inline by the store.
+    pub const fn inline(self) -> Definition {
+        Definition {
+            inline: true,
+            ..self
+        }
+    }
+}
+
+/// A read model: a deterministic fold of the ledger's events into tables.
+pub trait Projection: Send + Sync + Debug + 'static {
+    /// Its name, version, schema and tables.
+    fn definition(&self) -> Definition;
+
+    /// [`Definition::name`].
+    fn name(&self) -> &'static str {
+        self.definition().name
+    }
+
+    /// [`Definition::code_version`].
+    fn code_version(&self) -> u32 {
+        self.definition().code_version
+    }
+
+    /// [`Definition::schema`].
+    fn schema(&self) -> Schema {
+        self.definition().schema
+    }
+
+    /// [`Definition::tables`].
+    fn tables(&self) -> &'static [&'static str] {
+        self.definition().tables
+    }
+
+    /// [`Definition::inline`].
     fn inline(&self) -> bool {
-        false
+        self.definition().inline
     }
 
     /// Applies events, contiguous and in position order, to the tables named `table` (a

@@ -20,7 +20,7 @@ use opledger_store::{EitherRow, ReadPool, TextList, Time, either};
 use serde::Serialize;
 use sqlx::{PgConnection, SqliteConnection};
 
-use crate::projection::{Conn, Projection, Schema, in_category};
+use crate::projection::{Conn, Definition, Projection, in_category};
 use crate::rows::{self, read_error, signed};
 
 pub use crate::rows::ReadError;
@@ -189,23 +189,8 @@ fn changes(events: &[Link<'_>]) -> Result<Changes, FoldError> {
 }
 
 impl Projection for ReconciliationQueue {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn code_version(&self) -> u32 {
-        1
-    }
-
-    fn schema(&self) -> Schema {
-        Schema {
-            sqlite: SQLITE_SCHEMA,
-            postgres: POSTGRES_SCHEMA,
-        }
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        &["", "_ops"]
+    fn definition(&self) -> Definition {
+        Definition::new(NAME, 1, SQLITE_SCHEMA, POSTGRES_SCHEMA).with_tables(&["", "_ops"])
     }
 
     fn apply<'a>(
