@@ -393,3 +393,33 @@ fn no_module_uses_a_module_that_uses_it() {
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+/// `docs/ARCHITECTURE.md` stays a map: short enough to read in a minute, with every crate in its
+/// codemap and the four entry points named.
+#[test]
+fn the_architecture_map_is_short_and_names_every_crate() {
+    let map = std::fs::read_to_string(workspace_root().join("docs/ARCHITECTURE.md")).unwrap();
+    let lines = map.lines().count();
+    assert!(
+        lines <= 130,
+        "docs/ARCHITECTURE.md has {lines} lines; keep it a map (≤ 130)"
+    );
+    let mut missing: Vec<String> = workspace_crates()
+        .into_iter()
+        .filter(|krate| !map.contains(&format!("**`{krate}`**")))
+        .collect();
+    for entry in [
+        "**An update**",
+        "**A worker step**",
+        "**A projection page**",
+        "**A CLI command**",
+    ] {
+        if !map.contains(entry) {
+            missing.push(entry.to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/ARCHITECTURE.md does not name {missing:?}"
+    );
+}
