@@ -10,7 +10,9 @@ use secrecy::{ExposeSecret, SecretString};
 use url::Url;
 
 use crate::error::{ConfigError, List};
-use crate::raw::{self, RawAction, RawApi, RawBot, RawEffector, RawReply, RawServer, RawStorage};
+use crate::raw::{
+    self, RawAction, RawApi, RawBot, RawClient, RawEffector, RawReply, RawServer, RawStorage,
+};
 use crate::template::{
     KeyTemplate, RESERVED_PARAM_NAMES, ReplyKind, ReplyTemplate, UrlTemplate, http_url,
 };
@@ -94,11 +96,6 @@ impl Config {
             Some(server) => ServerConfig::from_raw(server)?,
             None => ServerConfig::default(),
         };
-        let api = match raw.api {
-            Some(api) => ApiConfig::from_raw(api, env)?,
-            None => ApiConfig::default(),
-        };
-
         let mut bots: Vec<BotConfig> = Vec::with_capacity(raw.bots.len());
         for (i, bot) in raw.bots.into_iter().enumerate() {
             let bot = BotConfig::from_raw(i, bot, env)?;
@@ -142,6 +139,11 @@ impl Config {
             }
             actions.push(action);
         }
+
+        let api = match raw.api {
+            Some(api) => ApiConfig::from_raw(api, &bots, env)?,
+            None => ApiConfig::default(),
+        };
 
         Ok(Config {
             storage,
@@ -447,11 +449,13 @@ impl ServerConfig {
     }
 }
 
-/// The read API's settings (`[api]`).
+/// The API's settings (`[api]`).
 ///
-/// The API under `/v1` shows operations, events and queues to operators, so it answers only
-/// requests that carry the admin token (`Authorization: Bearer …`); without a token configured
-/// it is off. The token is read from the environment variable `admin_token_env` names, like
+/// The API under `/v1` shows operations, events and queues to operators, so its read routes
+/// answer only requests that carry the admin token (`Authorization: Bearer …`). Clients
+/// (`[[api.clients]]`, a bot's own handlers) hold tokens of their own, each scoped to one bot:
+/// they may start and read that bot's operations and nothing else. Without any token configured
+/// the API is off. Every token is read from the environment variable its `*_env` key names, like
 /// every other secret.
 #[derive(Debug, Clone, Default)]
 pub struct ApiConfig {
@@ -459,33 +463,166 @@ pub struct ApiConfig {
     pub admin_token_env: Option<String>,
     /// The admin token; `None` turns the read API off. Never log it.
     pub admin_token: Option<SecretString>,
+    /// The operations API's clients.
+    pub clients: Vec<ApiClient>,
+}
+
+/// One client of the operations API (`[[api.clients]]`): a bot's own handlers.
+#[derive(Debug, Clone)]
+pub struct ApiClient {
+    /// Its name, recorded as the cause of what it starts.
+    pub name: String,
+    /// The one bot whose operations it may start and read.
+    pub bot: String,
+    /// The environment variable its token was read from, for messages.
+    pub token_env: String,
+    /// Its bearer token. Never log it.
+    pub token: SecretString,
 }
 
 impl ApiConfig {
-    fn from_raw(raw: RawApi, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let Some(var) = raw.admin_token_env else {
-            return Ok(ApiConfig::default());
+    /// `bots` are the configured bots a client may be scoped to.
+    fn from_raw(
+        raw: RawApi,
+        bots: &[BotConfig],
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let (admin_token_env, admin_token) = match raw.admin_token_env {
+            Some(var) => {
+                let token = api_token(
+                    "api.admin_token_env",
+                    &var,
+                    ("the read API's admin token", "admin token"),
+                    env,
+                )?;
+                (Some(var), Some(token))
+            }
+            None => (None, None),
         };
-        let key = "api.admin_token_env";
-        let token = read_secret(key, &var, "the read API's admin token", env)?;
-        let text = token.expose_secret();
-        let valid = (MIN_ADMIN_TOKEN_LEN..=MAX_ADMIN_TOKEN_LEN).contains(&text.len())
-            && text.bytes().all(|b| b.is_ascii_graphic());
-        if !valid {
+        let mut clients: Vec<ApiClient> = Vec::with_capacity(raw.clients.len());
+        for (i, raw) in raw.clients.into_iter().enumerate() {
+            let client = ApiClient::from_raw(i, raw, bots, env)?;
+            let same_name = clients.iter().position(|c| c.name == client.name);
+            if let Some(first) = same_name {
+                return Err(ConfigError::key_problem(
+                    format!("api.clients[{i}].name"),
+                    format!(
+                        "duplicate client name `{}` (also api.clients[{first}].name); give each \
+                         client its own name",
+                        client.name
+                    ),
+                ));
+            }
+            let secret = client.token.expose_secret();
+            let shared = clients
+                .iter()
+                .position(|c| c.token.expose_secret() == secret)
+                .map(|first| format!("api.clients[{first}]"))
+                .or_else(|| {
+                    admin_token
+                        .as_ref()
+                        .filter(|t| t.expose_secret() == secret)
+                        .map(|_| "the admin token".to_owned())
+                });
+            if let Some(other) = shared {
+                return Err(ConfigError::key_problem(
+                    format!("api.clients[{i}].token_env"),
+                    format!(
+                        "environment variable `{}` holds the same token as {other}; give each \
+                         client a token of its own, apart from the admin token, so that one can \
+                         be revoked without the other",
+                        client.token_env
+                    ),
+                ));
+            }
+            clients.push(client);
+        }
+        Ok(ApiConfig {
+            admin_token_env,
+            admin_token,
+            clients,
+        })
+    }
+}
+
+impl ApiClient {
+    fn from_raw(
+        i: usize,
+        raw: RawClient,
+        bots: &[BotConfig],
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let key = |field: &str| format!("api.clients[{i}].{field}");
+        let name = required(
+            &key("name"),
+            raw.name,
+            "give the client a name of a-z, 0-9 and _, e.g. \"shop_handlers\"",
+        )?;
+        validate_name(NameKind::Client, &name)
+            .map_err(|e| ConfigError::key_problem(key("name"), e.to_string()))?;
+        let bot = required(
+            &key("bot"),
+            raw.bot,
+            "name the one configured bot whose operations this client may start and read",
+        )?;
+        if !bots.iter().any(|b| b.name == bot) {
+            let known: Vec<&str> = bots.iter().map(|b| b.name.as_str()).collect();
             return Err(ConfigError::key_problem(
-                key,
+                key("bot"),
                 format!(
-                    "environment variable `{var}` does not hold a usable admin token; use \
-                     {MIN_ADMIN_TOKEN_LEN} to {MAX_ADMIN_TOKEN_LEN} visible ASCII characters \
-                     without spaces, e.g. the output of `openssl rand -hex 32`"
+                    "no bot named `{bot}` is configured; use one of: {}",
+                    if known.is_empty() {
+                        "(none: add a [[bots]] table)".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
                 ),
             ));
         }
-        Ok(ApiConfig {
-            admin_token_env: Some(var),
-            admin_token: Some(token),
+        let token_env = required(
+            &key("token_env"),
+            raw.token_env,
+            "name the environment variable that holds the client's token, e.g. \"SHOP_API_TOKEN\"",
+        )?;
+        let token = api_token(
+            &key("token_env"),
+            &token_env,
+            ("the client's API token", "client token"),
+            env,
+        )?;
+        Ok(ApiClient {
+            name,
+            bot,
+            token_env,
+            token,
         })
     }
+}
+
+/// An API token from the environment variable `var`: long enough not to be guessed, and
+/// visible ASCII, since it travels in a header. `what` says what it is in a sentence and in a
+/// word.
+fn api_token(
+    key: &str,
+    var: &str,
+    (what, noun): (&str, &str),
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<SecretString, ConfigError> {
+    let token = read_secret(key, var, what, env)?;
+    let text = token.expose_secret();
+    let valid = (MIN_ADMIN_TOKEN_LEN..=MAX_ADMIN_TOKEN_LEN).contains(&text.len())
+        && text.bytes().all(|b| b.is_ascii_graphic());
+    if !valid {
+        return Err(ConfigError::key_problem(
+            key,
+            format!(
+                "environment variable `{var}` does not hold a usable {noun}; use \
+                 {MIN_ADMIN_TOKEN_LEN} to {MAX_ADMIN_TOKEN_LEN} visible ASCII characters \
+                 without spaces, e.g. the output of `openssl rand -hex 32`"
+            ),
+        ));
+    }
+    Ok(token)
 }
 
 /// How a bot receives its updates; Telegram allows one or the other, never both.

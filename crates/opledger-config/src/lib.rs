@@ -22,8 +22,8 @@ mod raw;
 pub mod template;
 
 pub use config::{
-    ActionConfig, ApiConfig, BotConfig, BotMode, Config, EffectorConfig, RESERVED_COMMANDS,
-    ReplyConfig, ServerConfig, StorageBackend, StorageConfig, StorageUrl,
+    ActionConfig, ApiClient, ApiConfig, BotConfig, BotMode, Config, EffectorConfig,
+    RESERVED_COMMANDS, ReplyConfig, ServerConfig, StorageBackend, StorageConfig, StorageUrl,
 };
 pub use error::{ConfigError, RenderError, TemplateError};
 pub use secrecy::{ExposeSecret, SecretString};

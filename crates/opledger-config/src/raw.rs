@@ -44,6 +44,16 @@ pub(crate) struct RawServer {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawApi {
     pub(crate) admin_token_env: Option<String>,
+    #[serde(default)]
+    pub(crate) clients: Vec<RawClient>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawClient {
+    pub(crate) name: Option<String>,
+    pub(crate) bot: Option<String>,
+    pub(crate) token_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,7 +109,8 @@ fn known_keys(table: &[&str]) -> &'static str {
              dedup_retention_hours, store_raw_updates, connection_limit, header_read_timeout_ms, \
              idle_timeout_ms"
         }
-        ["api"] => "admin_token_env",
+        ["api"] => "admin_token_env, clients",
+        ["api", "clients"] => "name, bot, token_env",
         ["bots"] => {
             "name, token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, \
              max_connections"

@@ -10,13 +10,16 @@ use opledger_config::{
 const TOKEN: &str = "123456:CANARY-token-value_xyz";
 const WEBHOOK_SECRET: &str = "canary_webhook-secret";
 const ADMIN_TOKEN: &str = "CANARY-admin-token-0123456789abcdef";
+const CLIENT_TOKEN: &str = "CANARY-client-token-0123456789abcdef";
 
 /// The environment the tests run with: only the variables they name.
 fn env(name: &str) -> Option<String> {
     match name {
         "SHOP_BOT_TOKEN" | "OTHER_BOT_TOKEN" => Some(TOKEN.to_owned()),
         "SHOP_WEBHOOK_SECRET" => Some(WEBHOOK_SECRET.to_owned()),
-        "OPLEDGER_ADMIN_TOKEN" => Some(ADMIN_TOKEN.to_owned()),
+        "OPLEDGER_ADMIN_TOKEN" | "SAME_AS_ADMIN" => Some(ADMIN_TOKEN.to_owned()),
+        "SHOP_API_TOKEN" | "SHOP_API_TOKEN_AGAIN" => Some(CLIENT_TOKEN.to_owned()),
+        "OTHER_API_TOKEN" => Some("CANARY-other-client-0123456789".to_owned()),
         "SHORT_TOKEN" => Some("only-15-letters".to_owned()),
         "SPACED_TOKEN" => Some("an admin token with spaces".to_owned()),
         "EMPTY_VAR" => Some(String::new()),
@@ -338,7 +341,7 @@ fn the_admin_token_is_read_from_the_environment_and_checked() {
         error("[api]\nadmin_token = \"CANARY-admin-token-0123456789abcdef\"\n"),
         "config key `api.admin_token`: unknown key; secrets never go in the config file: name \
          the environment variable that holds it with `admin_token_env` (keys allowed here: \
-         admin_token_env)"
+         admin_token_env, clients)"
     );
 }
 
@@ -803,4 +806,95 @@ fn urls_the_parser_would_reinterpret_are_refused() {
         let effector = config.actions[0].effector.as_ref().unwrap();
         assert!(effector.url.host().is_some(), "{url}");
     }
+}
+
+/// `[[api.clients]]`: a client token scoped to one configured bot, apart from the admin token
+/// and from every other client's.
+#[test]
+fn api_clients_are_scoped_to_a_configured_bot_with_a_token_of_their_own() {
+    let client = |name: &str, bot: &str, var: &str| {
+        format!("[[api.clients]]\nname = \"{name}\"\nbot = \"{bot}\"\ntoken_env = \"{var}\"\n")
+    };
+    let config = parse(&format!(
+        "{BOT}{ACTION}[api]\nadmin_token_env = \"OPLEDGER_ADMIN_TOKEN\"\n{}{}",
+        client("shop_handlers", "shop", "SHOP_API_TOKEN"),
+        client("shop_jobs", "shop", "OTHER_API_TOKEN"),
+    ))
+    .unwrap();
+    let clients: Vec<(&str, &str, &str)> = config
+        .api
+        .clients
+        .iter()
+        .map(|c| (c.name.as_str(), c.bot.as_str(), c.token.expose_secret()))
+        .collect();
+    assert_eq!(
+        clients,
+        [
+            ("shop_handlers", "shop", CLIENT_TOKEN),
+            ("shop_jobs", "shop", "CANARY-other-client-0123456789")
+        ]
+    );
+    assert!(
+        !format!("{:?}", config.api).contains("CANARY"),
+        "Debug shows no token"
+    );
+    // Clients without an admin token: the operations API is on, the read routes are not.
+    let alone = parse(&format!("{BOT}{}", client("h", "shop", "SHOP_API_TOKEN"))).unwrap();
+    assert!(alone.api.admin_token.is_none());
+    assert_eq!(alone.api.clients.len(), 1);
+
+    assert_eq!(
+        error(&format!("{BOT}{}", client("h", "nope", "SHOP_API_TOKEN"))),
+        "config key `api.clients[0].bot`: no bot named `nope` is configured; use one of: shop"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}{}",
+            client("h", "shop", "SHOP_API_TOKEN"),
+            client("h", "shop", "OTHER_API_TOKEN")
+        )),
+        "config key `api.clients[1].name`: duplicate client name `h` (also api.clients[0].name); \
+         give each client its own name"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}{}",
+            client("a", "shop", "SHOP_API_TOKEN"),
+            client("b", "shop", "SHOP_API_TOKEN_AGAIN")
+        )),
+        "config key `api.clients[1].token_env`: environment variable `SHOP_API_TOKEN_AGAIN` \
+         holds the same token as api.clients[0]; give each client a token of its own, apart \
+         from the admin token, so that one can be revoked without the other"
+    );
+    let shared = error(&format!(
+        "{BOT}[api]\nadmin_token_env = \"OPLEDGER_ADMIN_TOKEN\"\n{}",
+        client("a", "shop", "SAME_AS_ADMIN")
+    ));
+    assert!(
+        shared.contains("holds the same token as the admin token"),
+        "{shared}"
+    );
+    assert!(!shared.contains("CANARY"), "{shared}");
+    assert_eq!(
+        error(&format!("{BOT}{}", client("a", "shop", "SHORT_TOKEN"))),
+        "config key `api.clients[0].token_env`: environment variable `SHORT_TOKEN` does not hold \
+         a usable client token; use 16 to 512 visible ASCII characters without spaces, e.g. the \
+         output of `openssl rand -hex 32`"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
+            client("Bad-Name", "shop", "SHOP_API_TOKEN")
+        )),
+        "config key `api.clients[0].name`: client name \"Bad-Name\" is invalid: use 1 to 64 \
+         characters from a-z, 0-9 and _"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}[[api.clients]]\nname = \"a\"\nbot = \"shop\"\ntoken = \"x\"\n"
+        )),
+        "config key `api.clients[0].token`: unknown key; secrets never go in the config file: \
+         name the environment variable that holds it with `token_env` (keys allowed here: name, \
+         bot, token_env)"
+    );
 }

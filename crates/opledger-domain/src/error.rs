@@ -61,6 +61,8 @@ pub enum NameKind {
     Bot,
     /// An action's configured name.
     Action,
+    /// An operations API client's configured name.
+    Client,
 }
 
 impl fmt::Display for NameKind {
@@ -68,6 +70,7 @@ impl fmt::Display for NameKind {
         f.write_str(match self {
             NameKind::Bot => "bot",
             NameKind::Action => "action",
+            NameKind::Client => "client",
         })
     }
 }

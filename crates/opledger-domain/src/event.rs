@@ -182,6 +182,11 @@ pub enum Causation {
         /// Who the operator is, as authenticated.
         operator: String,
     },
+    /// A client of the operations API (a bot's own handler), as authenticated.
+    Client {
+        /// The client's configured name (`[[api.clients]] name`).
+        client: String,
+    },
     /// A component of opledger acting on its own (a sweep, a migration).
     System {
         /// The component's name.

@@ -170,6 +170,7 @@ fn actor(metadata: Option<&EventMetadata>) -> (&'static str, Option<String>) {
         Some(Causation::Update { update_id, .. }) => ("update", Some(update_id.to_string())),
         Some(Causation::Worker { worker }) => ("worker", Some(worker.clone())),
         Some(Causation::Operator { operator }) => ("operator", Some(operator.clone())),
+        Some(Causation::Client { client }) => ("client", Some(client.clone())),
         Some(Causation::System { component }) => ("system", Some(component.clone())),
         None => ("unknown", None),
     }

@@ -245,13 +245,15 @@ async fn deliveries(
     Ok(found)
 }
 
-/// A causation in a few words: `update shop/17`, `worker w-1`, `operator alice`, `system intake`.
+/// A causation in a few words: `update shop/17`, `worker w-1`, `operator alice`, `client
+/// shop_handlers`, `system intake`.
 fn cause(causation: &Value) -> String {
     let field = |name: &str| causation.get(name).map(text).unwrap_or_default();
     match causation.get("kind").and_then(Value::as_str) {
         Some("update") => format!("update {}/{}", field("bot"), field("update_id")),
         Some("worker") => format!("worker {}", field("worker")),
         Some("operator") => format!("operator {}", field("operator")),
+        Some("client") => format!("client {}", field("client")),
         Some("system") => format!("system {}", field("component")),
         Some(other) => other.to_owned(),
         None => "-".to_owned(),

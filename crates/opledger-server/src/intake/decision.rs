@@ -84,6 +84,12 @@ pub enum IntakeRejection {
     /// The token refused to be issued.
     #[error("by the token: {0}")]
     Token(#[from] IssueRejection),
+    /// An operation was asked of an action the bot does not have.
+    #[error("bot `{bot}` has no action named `{action}`: use one of the actions configured for it")]
+    NoSuchAction { bot: String, action: String },
+    /// An operation's parameters do not fit its action.
+    #[error("the parameters do not fit action `{action}`: {problem}")]
+    Parameters { action: String, problem: String },
     /// A token was asked for an action the configuration does not have.
     #[error("no action named `{0}` is configured: issue tokens for one of the configured actions")]
     UnknownAction(String),
@@ -323,16 +329,15 @@ impl Router<'_> {
         let Arrival {
             bot, update, now, ..
         } = *self.arrival;
-        let lookup = |name: &str| -> Option<String> {
-            match name {
-                "user_id" => update.user_id.map(|v| v.to_string()),
-                "chat_id" => update.chat_id.map(|v| v.to_string()),
-                "bot" => Some(bot.to_owned()),
-                "action" => Some(action.name.clone()),
-                param => params.get(param).cloned(),
-            }
+        let origin = Origin {
+            bot,
+            update_id: update.update_id,
+            chat_id: update.chat_id,
+            user_id: update.user_id,
+            message_date: update.message_date,
+            now,
         };
-        let Ok(mut key) = action.key.render(&lookup) else {
+        let Ok(mut key) = origin.key(action, &params) else {
             return Ok(Route::usage(action));
         };
         if let (Some(window), Some(command)) = (action.repeat_window, command) {
@@ -357,39 +362,12 @@ impl Router<'_> {
             key = format!("{key}#{}", first.epoch);
             changes.decided(&stream, &guard, &seen, self.metadata);
         }
-
-        let stream = stream_id(operation_stream(&action.name, &key))?;
-        let operation_id = OperationId::new(&action.name, &key);
-        let state: Operation = self.snapshot.state(&stream)?;
-        let received = Received {
-            operation_id,
-            action: action.name.clone(),
-            business_key: key,
-            fingerprint: fingerprint(&action.name, &params),
-            params,
-            bot: bot.to_owned(),
-            chat_id: update.chat_id,
-            user_id: update.user_id,
-            update_id: update.update_id,
-            message_date: update.message_date,
-            max_attempts: action.effector.as_ref().map_or(1, |e| e.max_attempts),
-        };
-        let events = operation::decide(&state, &OperationCommand::Receive(received), now)
-            .map_err(rejected)?;
-        let link = |joined| OperationLink {
-            action: action.name.clone(),
-            operation_id,
-            stream: stream.to_string(),
-            joined,
-        };
-        let route = match events.first() {
-            None => Route::Joined(link(true)),
-            Some(OperationEvent::Received(_)) => Route::Started(link(false)),
-            Some(OperationEvent::KeyConflictRecorded(_)) => Route::KeyConflict { operation_id },
-            other => return Err(unexpected("a receipt or a key conflict", other)),
-        };
-        changes.decided(&stream, &state, &events, self.metadata);
-        Ok(route)
+        let started = origin.start(action, key, params, self.snapshot, self.metadata, changes)?;
+        Ok(match started {
+            Started::New(link) => Route::Started(link),
+            Started::Joined(link) => Route::Joined(link),
+            Started::KeyConflict { operation_id, .. } => Route::KeyConflict { operation_id },
+        })
     }
 
     /// Consumes a button's token; an accepted click starts the token's action.
@@ -449,6 +427,186 @@ impl Router<'_> {
             other => Err(unexpected("a consumed or a refused click", other)),
         }
     }
+}
+
+/// Where a request for an operation came from: what its `Received` records.
+#[derive(Debug, Clone, Copy)]
+struct Origin<'a> {
+    bot: &'a str,
+    update_id: i64,
+    chat_id: Option<i64>,
+    user_id: Option<i64>,
+    message_date: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+}
+
+/// What asking for an operation did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Started {
+    /// A new business key: the operation was received.
+    New(OperationLink),
+    /// The same key with the same parameters: the operation that exists.
+    Joined(OperationLink),
+    /// The same key with other parameters: recorded as a conflict, nothing started.
+    KeyConflict {
+        operation_id: OperationId,
+        /// The refused request's fingerprint.
+        fingerprint: String,
+        /// The fingerprint the operation was received with.
+        existing_fingerprint: String,
+    },
+}
+
+impl Origin<'_> {
+    /// The business key the action's template makes of the parameters and the origin.
+    fn key(
+        &self,
+        action: &ActionConfig,
+        params: &BTreeMap<String, String>,
+    ) -> Result<String, opledger_config::RenderError> {
+        let lookup = |name: &str| -> Option<String> {
+            match name {
+                "user_id" => self.user_id.map(|v| v.to_string()),
+                "chat_id" => self.chat_id.map(|v| v.to_string()),
+                "bot" => Some(self.bot.to_owned()),
+                "action" => Some(action.name.clone()),
+                param => params.get(param).cloned(),
+            }
+        };
+        action.key.render(&lookup)
+    }
+
+    /// Stages the operation `key` names: received when new, joined or a conflict when it
+    /// exists.
+    fn start(
+        &self,
+        action: &ActionConfig,
+        key: String,
+        params: BTreeMap<String, String>,
+        snapshot: &Snapshot,
+        metadata: &EventMetadata,
+        changes: &mut Changes,
+    ) -> Result<Started, Undecided<IntakeRejection>> {
+        let stream = stream_id(operation_stream(&action.name, &key))?;
+        let operation_id = OperationId::new(&action.name, &key);
+        let state: Operation = snapshot.state(&stream)?;
+        let received = Received {
+            operation_id,
+            action: action.name.clone(),
+            business_key: key,
+            fingerprint: fingerprint(&action.name, &params),
+            params,
+            bot: self.bot.to_owned(),
+            chat_id: self.chat_id,
+            user_id: self.user_id,
+            update_id: self.update_id,
+            message_date: self.message_date,
+            max_attempts: action.effector.as_ref().map_or(1, |e| e.max_attempts),
+        };
+        let events = operation::decide(&state, &OperationCommand::Receive(received), self.now)
+            .map_err(rejected)?;
+        let link = |joined| OperationLink {
+            action: action.name.clone(),
+            operation_id,
+            stream: stream.to_string(),
+            joined,
+        };
+        let started = match events.first() {
+            None => Started::Joined(link(true)),
+            Some(OperationEvent::Received(_)) => Started::New(link(false)),
+            Some(OperationEvent::KeyConflictRecorded(conflict)) => Started::KeyConflict {
+                operation_id,
+                fingerprint: conflict.fingerprint.clone(),
+                existing_fingerprint: conflict.existing_fingerprint.clone(),
+            },
+            other => return Err(unexpected("a receipt or a key conflict", other)),
+        };
+        changes.decided(&stream, &state, &events, metadata);
+        Ok(started)
+    }
+}
+
+/// An operation asked for through the operations API, by one of its clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission {
+    /// The client's configured name, recorded as the cause.
+    pub client: String,
+    /// The bot the operation is for (the client's).
+    pub bot: String,
+    /// The action's configured name.
+    pub action: String,
+    /// The action's parameters, each of them and no other.
+    pub params: BTreeMap<String, String>,
+    /// The chat to reply to, when there is one.
+    pub chat_id: Option<i64>,
+    /// The user who asked, when known.
+    pub user_id: Option<i64>,
+    /// The update that caused it.
+    pub update_id: i64,
+}
+
+/// Decides what a submission appends: its operation, started, joined or in conflict.
+pub(super) fn submit(
+    rules: &Rules,
+    submission: &Submission,
+    now: DateTime<Utc>,
+    snapshot: &Snapshot,
+    changes: &mut Changes,
+) -> Result<Started, Undecided<IntakeRejection>> {
+    let bot = submission.bot.as_str();
+    let action = rules
+        .actions
+        .get(&submission.action)
+        .filter(|action| action.bot == bot)
+        .ok_or_else(|| {
+            rejected(IntakeRejection::NoSuchAction {
+                bot: bot.to_owned(),
+                action: submission.action.clone(),
+            })
+        })?;
+    let problem = |problem: String| {
+        rejected(IntakeRejection::Parameters {
+            action: action.name.clone(),
+            problem,
+        })
+    };
+    let declared = |name: &String| action.params.contains(name);
+    if let Some(extra) = submission.params.keys().find(|name| !declared(name)) {
+        return Err(problem(format!(
+            "`{extra}` is not one of its parameters ({})",
+            action.params.join(", ")
+        )));
+    }
+    if let Some(missing) = action
+        .params
+        .iter()
+        .find(|name| submission.params.get(*name).is_none_or(String::is_empty))
+    {
+        return Err(problem(format!("`{missing}` is missing or empty")));
+    }
+    let origin = Origin {
+        bot,
+        update_id: submission.update_id,
+        chat_id: submission.chat_id,
+        user_id: submission.user_id,
+        message_date: None,
+        now,
+    };
+    let key = origin
+        .key(action, &submission.params)
+        .map_err(|error| problem(format!("its business key cannot be made: {error}")))?;
+    let metadata = EventMetadata::caused_by(Causation::Client {
+        client: submission.client.clone(),
+    })
+    .correlated_with(stream_id(delivery_stream(bot, submission.update_id))?.as_str());
+    origin.start(
+        action,
+        key,
+        submission.params.clone(),
+        snapshot,
+        &metadata,
+        changes,
+    )
 }
 
 /// A refusal's name as the ledger writes it (`already_consumed`, ...).

@@ -23,7 +23,7 @@ use opledger_store::AnyStore;
 use opledger_telegram::{Quarantine, parse_update};
 
 use decision::{Arrival, Decided, Rules};
-pub use decision::{IntakeRejection, Route};
+pub use decision::{IntakeRejection, Route, Started, Submission};
 
 /// What recording an update did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +173,27 @@ impl Intake {
             recorded,
             callback_query_id,
         })
+    }
+
+    /// Starts (or finds) the operation a client of the operations API asks for. `Ok` means it is
+    /// durably recorded: the worker carries it out as if a command had asked. The position is
+    /// the ledger position of its last event (0 when nothing new was appended).
+    pub async fn submit(&self, submission: &Submission) -> Result<(Started, u64), IntakeError> {
+        if !self.rules.serves(&submission.bot) {
+            return Err(IntakeError::UnknownBot(submission.bot.clone()));
+        }
+        let now = self.clock.now();
+        // A new business key names a new stream: the first attempt reads nothing (ADR 0006).
+        let committed = self
+            .ledger
+            .unit_of_work()
+            .assume_new()
+            .run(|snapshot, changes| {
+                decision::submit(&self.rules, submission, now, snapshot, changes)
+            })
+            .await?;
+        let position = committed.appended.map_or(0, |a| *a.positions.end());
+        Ok((committed.value, position))
     }
 
     /// Records a body that is not an update: its digest and size, never the body.

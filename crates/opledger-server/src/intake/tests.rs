@@ -25,7 +25,7 @@ use opledger_store::{ExpectedVersion, StreamId};
 use opledger_telegram::parse_update;
 
 use super::decision::{self, Arrival, Decided, IssuedToken, Rules, bind_params};
-use super::{IntakeRejection, Route};
+use super::{IntakeRejection, Route, Started, Submission};
 
 /// `/coupon <campaign>`, one per campaign and user; `/feedback <topic> <text>`, one per topic
 /// and user whatever the text; `/refund <order>`, once per minute of repeats.
@@ -806,4 +806,179 @@ fn arguments_bind_in_order_and_the_last_takes_the_rest() {
     assert_eq!(bound["note"], "hello there");
     assert!(bind_params(&params, &args[..1]).is_none());
     assert!(bind_params(&[], &args).unwrap().is_empty());
+}
+
+/// A client's request for `/coupon <campaign>` for `USER` in their chat, caused by update 50.
+fn submission(params: &[(&str, &str)]) -> Submission {
+    Submission {
+        client: "shop_handlers".to_owned(),
+        bot: "shop".to_owned(),
+        action: "coupon".to_owned(),
+        params: params
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        chat_id: Some(USER),
+        user_id: Some(USER),
+        update_id: 50,
+    }
+}
+
+/// What the operation `submission` asks for is received with.
+fn submitted(submission: &Submission, key: &str) -> Received {
+    Received {
+        operation_id: OperationId::new(&submission.action, key),
+        action: submission.action.clone(),
+        business_key: key.to_owned(),
+        fingerprint: fingerprint(&submission.action, &submission.params),
+        params: submission.params.clone(),
+        bot: submission.bot.clone(),
+        chat_id: submission.chat_id,
+        user_id: submission.user_id,
+        update_id: submission.update_id,
+        message_date: None,
+        max_attempts: 3,
+    }
+}
+
+impl Given {
+    /// Decides `submission` arriving at `at`.
+    fn submits(
+        self,
+        submission: &Submission,
+        at: i64,
+    ) -> (Changes, Result<Started, Undecided<IntakeRejection>>) {
+        let mut changes = Changes::default();
+        let started = decision::submit(
+            &Rules::new(&self.config),
+            submission,
+            t(at),
+            &self.snapshot,
+            &mut changes,
+        );
+        (changes, started)
+    }
+}
+
+/// The refusal a submission got.
+fn refusal(started: Result<Started, Undecided<IntakeRejection>>) -> String {
+    match started {
+        Err(Undecided::Rejected(rejection)) => rejection.to_string(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_submission_with_a_new_key_receives_its_operation_and_stages_nothing_else() {
+    let asked = submission(&[("campaign", "spring")]);
+    let (changes, started) = first_attempt().submits(&asked, 1);
+    let key = format!("spring:{USER}");
+    assert_eq!(
+        started.ok(),
+        Some(Started::New(link("coupon", &key, false)))
+    );
+    let op = stream(&format!("op-coupon-{key}"));
+    assert_eq!(
+        changes.streams(),
+        [&op],
+        "no delivery, no guard: only the operation"
+    );
+    assert_eq!(
+        changes.staged::<OperationEvent>(&op),
+        Some((
+            ExpectedVersion::NoStream,
+            vec![OperationEvent::from(submitted(&asked, &key))]
+        ))
+    );
+    let metadata = changes.requests()[0].events[0].metadata.get();
+    assert!(
+        metadata.contains(r#""causation":{"kind":"client","client":"shop_handlers"}"#)
+            && metadata.contains(r#""correlation":"update-shop-50""#),
+        "caused by the client, correlated with the update it named: {metadata}"
+    );
+}
+
+#[test]
+fn a_submission_of_an_existing_key_joins_it_or_records_a_conflict() {
+    let key = format!("spring:{USER}");
+    let op = stream(&format!("op-coupon-{key}"));
+    let existing = submitted(&submission(&[("campaign", "spring")]), &key);
+    let again = submission(&[("campaign", "spring")]);
+    let (changes, started) = given()
+        .stream::<Operation>(&op, &[existing.clone().into()])
+        .submits(&again, 2);
+    assert_eq!(
+        started.ok(),
+        Some(Started::Joined(link("coupon", &key, true)))
+    );
+    assert!(changes.is_empty(), "a join appends nothing");
+
+    // Another campaign under the same key: the key template ignores nothing here, so make
+    // the existing operation's parameters differ instead.
+    let mut other = existing.clone();
+    other.params = BTreeMap::from([("campaign".to_owned(), "autumn".to_owned())]);
+    other.fingerprint = fingerprint("coupon", &other.params);
+    let (changes, started) = given()
+        .stream::<Operation>(&op, &[other.clone().into()])
+        .submits(&again, 2);
+    let asked = fingerprint("coupon", &again.params);
+    assert_eq!(
+        started.ok(),
+        Some(Started::KeyConflict {
+            operation_id: OperationId::new("coupon", &key),
+            fingerprint: asked.clone(),
+            existing_fingerprint: other.fingerprint.clone(),
+        })
+    );
+    assert_eq!(
+        changes.staged::<OperationEvent>(&op),
+        Some((
+            ExpectedVersion::Exact(1),
+            vec![OperationEvent::from(KeyConflictRecorded {
+                update_id: 50,
+                bot: "shop".to_owned(),
+                fingerprint: asked,
+                existing_fingerprint: other.fingerprint,
+            })]
+        ))
+    );
+}
+
+#[test]
+fn a_submission_that_does_not_fit_its_action_is_refused_and_stages_nothing() {
+    let cases: Vec<(Submission, &str)> = vec![
+        (
+            Submission {
+                action: "nope".to_owned(),
+                ..submission(&[("campaign", "spring")])
+            },
+            "bot `shop` has no action named `nope`: use one of the actions configured for it",
+        ),
+        (
+            submission(&[]),
+            "the parameters do not fit action `coupon`: `campaign` is missing or empty",
+        ),
+        (
+            submission(&[("campaign", "")]),
+            "the parameters do not fit action `coupon`: `campaign` is missing or empty",
+        ),
+        (
+            submission(&[("campaign", "spring"), ("colour", "red")]),
+            "the parameters do not fit action `coupon`: `colour` is not one of its parameters \
+             (campaign)",
+        ),
+        (
+            Submission {
+                user_id: None,
+                ..submission(&[("campaign", "spring")])
+            },
+            "the parameters do not fit action `coupon`: its business key cannot be made: ",
+        ),
+    ];
+    for (asked, expected) in cases {
+        let (changes, started) = first_attempt().submits(&asked, 1);
+        let refused = refusal(started);
+        assert!(refused.starts_with(expected), "{refused}");
+        assert!(changes.is_empty(), "nothing staged for {asked:?}");
+    }
 }
