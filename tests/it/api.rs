@@ -14,7 +14,6 @@ use opledger_projections::operation_status::{self, Filter, OperationStatusRow};
 use opledger_projections::{Projector, ProjectorOptions, registry};
 use opledger_server::{Clock, ManualClock};
 use opledger_store::{EventStore, StreamId};
-use opledger_worker::{Backoff, Worker, WorkerOptions};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, WWW_AUTHENTICATE};
 use serde_json::{Value, json};
@@ -170,20 +169,7 @@ impl World {
 
     /// Carries out every due operation once.
     async fn work(&self) {
-        let mut options = WorkerOptions::new("w1");
-        options.concurrency = 1;
-        options.backoff = Backoff {
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(60),
-        };
-        options.reply_interval = Duration::from_millis(1);
-        let worker = Worker::new(
-            &self.config,
-            self.app.store.clone(),
-            self.app.clock.clone(),
-            options,
-        )
-        .expect("build the worker");
+        let worker = self.app.worker(&self.config, "w1", 1);
         worker.run_due().await.expect("work");
     }
 
@@ -587,7 +573,7 @@ async fn bad_parameters_are_refused_naming_the_parameter(backend: Backend) {
         (
             format!("/v1/operations/{id}?limit=1"),
             "limit",
-            "this route takes no query parameters",
+            "this route takes wait",
         ),
         (
             format!("/v1/operations/{id}/events?from_version=0"),
@@ -805,37 +791,57 @@ async fn the_openapi_document_parses_and_describes_every_route(backend: Backend)
     let mut operation_ids = BTreeSet::new();
     for (path, item) in &paths {
         let methods: Vec<_> = item.methods().into_iter().collect();
-        assert_eq!(methods.len(), 1, "{path}: one method");
-        let (method, operation) = &methods[0];
-        assert_eq!(method.as_str(), "GET", "{path}");
-        let id = operation.operation_id.clone().expect("an operation id");
-        assert!(operation_ids.insert(id), "{path}: a unique operation id");
-        let responses = operation.responses(&spec);
-        assert!(responses.contains_key("200"), "{path}: 200 documented");
-        let security = serde_json::to_value(&operation.security).expect("JSON");
-        if path == "/v1/openapi.json" {
-            assert_eq!(security, json!([]), "{path} needs no token");
+        let names: Vec<&str> = methods.iter().map(|(m, _)| m.as_str()).collect();
+        let expected: &[&str] = if path == "/v1/operations" {
+            &["GET", "POST"]
         } else {
-            assert_eq!(security, json!([{"admin_token": []}]), "{path}");
-            for status in ["400", "401", "404", "503"] {
-                assert!(
-                    responses.contains_key(status),
-                    "{path}: {status} documented"
-                );
+            &["GET"]
+        };
+        assert_eq!(names, expected, "{path}: its methods");
+        for (method, operation) in &methods {
+            let id = operation.operation_id.clone().expect("an operation id");
+            assert!(operation_ids.insert(id), "{path}: a unique operation id");
+            let responses = operation.responses(&spec);
+            let security = serde_json::to_value(&operation.security).expect("JSON");
+            // The operations API: a client's token opens it too.
+            let for_clients = method.as_str() == "POST"
+                || path == "/v1/operations/{id}"
+                || path == "/v1/operations/{id}/events";
+            let statuses: &[&str] = if method.as_str() == "POST" {
+                &["200", "201", "400", "401", "404", "409", "503"]
+            } else {
+                &["200", "400", "401", "404", "503"]
+            };
+            if path == "/v1/openapi.json" {
+                assert_eq!(security, json!([]), "{path} needs no token");
+                assert!(responses.contains_key("200"), "{path}: 200 documented");
+            } else {
+                let schemes = if for_clients {
+                    json!([{"admin_token": []}, {"client_token": []}])
+                } else {
+                    json!([{"admin_token": []}])
+                };
+                assert_eq!(security, schemes, "{method} {path}");
+                for status in statuses {
+                    assert!(
+                        responses.contains_key(*status),
+                        "{method} {path}: {status} documented"
+                    );
+                }
             }
-        }
-        // Every parameter in the path is declared, and every schema reference resolves.
-        for parameter in operation.parameters(&spec).expect("parameters resolve") {
-            if matches!(parameter.location, oas3::spec::ParameterIn::Path) {
-                assert!(path.contains(&format!("{{{}}}", parameter.name)), "{path}");
+            // Every parameter in the path is declared, and every schema reference resolves.
+            for parameter in operation.parameters(&spec).expect("parameters resolve") {
+                if matches!(parameter.location, oas3::spec::ParameterIn::Path) {
+                    assert!(path.contains(&format!("{{{}}}", parameter.name)), "{path}");
+                }
             }
-        }
-        for (status, response) in &responses {
-            for (media, content) in &response.content {
-                if let Some(schema) = &content.schema {
-                    schema
-                        .resolve(&spec)
-                        .unwrap_or_else(|e| panic!("{path} {status} {media}: {e}"));
+            for (status, response) in &responses {
+                for (media, content) in &response.content {
+                    if let Some(schema) = &content.schema {
+                        schema
+                            .resolve(&spec)
+                            .unwrap_or_else(|e| panic!("{path} {status} {media}: {e}"));
+                    }
                 }
             }
         }

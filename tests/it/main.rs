@@ -10,6 +10,7 @@ mod crash;
 mod edge;
 mod fixtures;
 mod intake;
+mod operations_api;
 mod polling;
 mod postgres;
 mod projections;

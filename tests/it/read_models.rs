@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use opledger_config::Config;
@@ -24,7 +23,7 @@ use opledger_projections::user_operations::{self, UserOperations};
 use opledger_projections::{Backend as ProjectionBackend, Conn, Projection};
 use opledger_server::{Clock, ManualClock};
 use opledger_store::{AnyStore, EventStore, ReadPool, RecordedEvent, StreamId};
-use opledger_worker::{Backoff, Worker, WorkerOptions};
+use opledger_worker::Worker;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 
 use crate::support::app::{
@@ -234,15 +233,7 @@ impl World {
     }
 
     pub(crate) fn worker(&self, id: &str) -> Worker {
-        let mut options = WorkerOptions::new(id);
-        options.concurrency = 1;
-        options.backoff = Backoff {
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(60),
-        };
-        options.reply_interval = Duration::from_millis(1);
-        let clock: Arc<dyn Clock> = self.app.clock.clone();
-        Worker::new(&self.config, self.app.store.clone(), clock, options).expect("the worker")
+        self.app.worker(&self.config, id, 1)
     }
 
     pub(crate) async fn say(&self, update_id: i64, user: i64, text: &str) {

@@ -15,7 +15,7 @@ use opledger_config::Config;
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow};
 use opledger_server::ManualClock;
 use opledger_store::{EventStore, ReadPool};
-use opledger_worker::{Backoff, Worker, WorkerOptions};
+use opledger_worker::Worker;
 use serde_json::Value;
 use sqlx::{ConnectOptions, Connection, Row};
 
@@ -76,20 +76,7 @@ impl World {
     }
 
     fn worker(&self) -> Worker {
-        let mut options = WorkerOptions::new("w1");
-        options.concurrency = 2;
-        options.backoff = Backoff {
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(60),
-        };
-        options.reply_interval = Duration::from_millis(1);
-        Worker::new(
-            &self.config,
-            self.app.store.clone(),
-            self.app.clock.clone(),
-            options,
-        )
-        .expect("build the worker")
+        self.app.worker(&self.config, "w1", 2)
     }
 
     /// `/coupon <campaign>` from `user` as update `update_id`.

@@ -20,7 +20,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::api::AdminToken;
+use crate::api::ApiTokens;
 use crate::edge::{self, Edge};
 use crate::intake::{Intake, Recorded};
 use crate::replies::{self, Answer};
@@ -48,14 +48,17 @@ pub struct AppState {
     pub(crate) body_limit: usize,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) counters: Counters,
-    /// The read API's admin token; `None` turns `/v1` off.
-    pub(crate) admin_token: Option<AdminToken>,
+    /// The tokens `/v1` admits (the admin's and the clients'); none turns it off.
+    pub(crate) api_tokens: ApiTokens,
     /// The HTTP edge: its limits, open connections and sampled refusals.
     pub(crate) edge: Arc<Edge>,
     actions: HashMap<String, Vec<Arc<ActionConfig>>>,
     /// How long `/status` waits for its read model: well inside the request timeout, so that a
     /// late read model never turns a recorded update into a 503.
     status_freshness: Duration,
+    /// The longest `GET /v1/operations/{id}?wait=` waits: a second under the request timeout,
+    /// so that the answer beats the timeout's 503.
+    pub(crate) longest_wait: Duration,
 }
 
 impl AppState {
@@ -130,10 +133,15 @@ impl App {
             body_limit: config.server.body_limit_bytes,
             shutting_down: AtomicBool::new(false),
             counters: Counters::default(),
-            admin_token: config.api.admin_token.as_ref().map(AdminToken::new),
+            api_tokens: ApiTokens::new(&config.api),
             edge: Arc::new(Edge::new(&config.server)),
             actions,
             status_freshness: replies::STATUS_FRESHNESS.min(config.server.request_timeout / 2),
+            longest_wait: config
+                .server
+                .request_timeout
+                .saturating_sub(Duration::from_secs(1))
+                .min(Duration::from_secs(60)),
         };
         Self {
             state: Arc::new(state),

@@ -10,11 +10,13 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use opledger_config::Config;
 use opledger_server::{App, Intake, ManualClock};
 use opledger_store::{AnyOptions, AnyStore, EventStore, RecordedEvent};
+use opledger_worker::{Backoff, Worker, WorkerOptions};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -217,6 +219,20 @@ impl TestApp {
             .read_all(1, 100_000)
             .await
             .expect("read the ledger")
+    }
+
+    /// A worker `id` on this service's ledger and clock, with `concurrency` tasks, a 1 s retry
+    /// backoff (capped at a minute) and replies a millisecond apart, as the tests want it.
+    pub(crate) fn worker(&self, config: &Config, id: &str, concurrency: usize) -> Worker {
+        let mut options = WorkerOptions::new(id);
+        options.concurrency = concurrency;
+        options.backoff = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(60),
+        };
+        options.reply_interval = Duration::from_millis(1);
+        Worker::new(config, self.store.clone(), self.clock.clone(), options)
+            .expect("build the worker")
     }
 
     /// How many events of `event_type` the ledger holds.

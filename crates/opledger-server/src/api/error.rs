@@ -26,6 +26,27 @@ pub(crate) enum ApiError {
          from the environment variable that [api] admin_token_env names"
     )]
     MissingToken,
+    /// A client's token on a route only the admin token opens: 403.
+    #[error(
+        "this route needs the admin token; a client's token ([[api.clients]]) may only start its \
+         bot's operations (POST /v1/operations) and read them (GET /v1/operations/{{id}} and its \
+         events)"
+    )]
+    Forbidden,
+    /// The request's body is not what the route takes: 400, nothing done.
+    #[error("the request body is not valid: {0}")]
+    BadBody(String),
+    /// The same business key with other parameters: 409, nothing started.
+    #[error(
+        "operation {operation_id} already exists under this business key with other parameters \
+         (fingerprint {existing_fingerprint}, asked {fingerprint}); nothing was started: use \
+         another key, or the parameters it was started with"
+    )]
+    KeyConflict {
+        operation_id: String,
+        fingerprint: String,
+        existing_fingerprint: String,
+    },
     /// A bearer token that is not the admin token: 401.
     #[error(
         "the admin token is wrong: send `Authorization: Bearer <token>` with the token from the \
@@ -56,8 +77,8 @@ pub(crate) enum ApiError {
 /// The body of every error answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ErrorBody {
-    /// A stable code: `unauthorized`, `api_disabled`, `bad_parameter`, `not_found`,
-    /// `unavailable`, `internal`.
+    /// A stable code: `unauthorized`, `forbidden`, `api_disabled`, `bad_parameter`,
+    /// `bad_request`, `not_found`, `key_conflict`, `unavailable`, `internal`.
     #[schema(example = "bad_parameter")]
     pub(crate) error: &'static str,
     /// What went wrong and what to do, for a person.
@@ -69,6 +90,19 @@ pub(crate) struct ErrorBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "limit")]
     pub(crate) parameter: Option<String>,
+    /// For `key_conflict`: the operation that holds the key, and both fingerprints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) conflict: Option<Conflict>,
+}
+
+/// The operation a conflicting request collided with.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Conflict {
+    pub(crate) operation_id: String,
+    /// The fingerprint of the parameters the operation was started with.
+    pub(crate) existing_fingerprint: String,
+    /// The fingerprint of the refused request's parameters.
+    pub(crate) fingerprint: String,
 }
 
 impl ApiError {
@@ -83,7 +117,9 @@ impl ApiError {
         match self {
             ApiError::MissingToken | ApiError::WrongToken => StatusCode::UNAUTHORIZED,
             ApiError::Disabled | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::BadParameter { .. } => StatusCode::BAD_REQUEST,
+            ApiError::BadParameter { .. } | ApiError::BadBody(_) => StatusCode::BAD_REQUEST,
+            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::KeyConflict { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -94,6 +130,9 @@ impl ApiError {
             ApiError::MissingToken | ApiError::WrongToken => "unauthorized",
             ApiError::Disabled => "api_disabled",
             ApiError::BadParameter { .. } => "bad_parameter",
+            ApiError::BadBody(_) => "bad_request",
+            ApiError::Forbidden => "forbidden",
+            ApiError::KeyConflict { .. } => "key_conflict",
             ApiError::NotFound(_) => "not_found",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
@@ -113,6 +152,18 @@ impl IntoResponse for ApiError {
             message: self.to_string(),
             parameter: match &self {
                 ApiError::BadParameter { parameter, .. } => Some(parameter.clone()),
+                _ => None,
+            },
+            conflict: match &self {
+                ApiError::KeyConflict {
+                    operation_id,
+                    fingerprint,
+                    existing_fingerprint,
+                } => Some(Conflict {
+                    operation_id: operation_id.clone(),
+                    existing_fingerprint: existing_fingerprint.clone(),
+                    fingerprint: fingerprint.clone(),
+                }),
                 _ => None,
             },
         };

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use crate::api::ReadErrors;
+use crate::api::auth::Admin;
 use crate::api::error::ApiError;
 use crate::api::params::{Params, VERSION_MAX, quote};
 use crate::app::AppState;
@@ -154,6 +155,7 @@ pub(crate) async fn page(
     security(("admin_token" = [])),
 )]
 pub(crate) async fn stream(
+    _: Admin,
     State(state): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,

@@ -3,8 +3,11 @@
 //!
 //! - Every data route needs `Authorization: Bearer <admin token>` (the token named by
 //!   `[api] admin_token_env`, compared in constant time); without it, 401 with a
-//!   `WWW-Authenticate: Bearer` challenge. Without a token configured the API is off and its
-//!   data routes answer 404 saying how to turn it on: no token can open an API that has none.
+//!   `WWW-Authenticate: Bearer` challenge. The operations API (`POST /v1/operations`, `GET
+//!   /v1/operations/{id}` and its events) also takes a client's token (`[[api.clients]]`), for
+//!   its own bot's operations only; a client's token elsewhere is 403. Without a token
+//!   configured the API is off and its data routes answer 404 saying how to turn it on: no token
+//!   can open an API that has none.
 //! - `GET /v1/openapi.json` is the OpenAPI document of all of it, generated from the handlers
 //!   themselves (`utoipa`), so a route cannot be served undocumented. It is served without the
 //!   token, also when the API is off: it holds no data, and a client needs it to learn how to
@@ -12,8 +15,9 @@
 //! - Errors are JSON (`{"error", "message", "parameter"?}`): 400 naming a bad or unknown
 //!   parameter, 404 for an unknown id, stream or route, 503 when storage cannot be read.
 //!
-//! The API only reads: operators act through `opledger reconcile resolve` and the other
-//! commands, whose decisions are recorded with their names.
+//! The read routes only read: operators act through `opledger reconcile resolve` and the other
+//! commands, whose decisions are recorded with their names. The one route that writes,
+//! `POST /v1/operations` (`submit.rs`), goes through the intake's unit of work like a command.
 
 mod auth;
 mod error;
@@ -21,6 +25,7 @@ mod events;
 mod operations;
 mod params;
 mod read_models;
+mod submit;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +41,7 @@ use utoipa::{IntoResponses, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub(crate) use auth::AdminToken;
+pub(crate) use auth::ApiTokens;
 pub(crate) use error::{ApiError, ErrorBody};
 
 use crate::app::AppState;
@@ -69,9 +74,11 @@ pub(crate) enum ReadErrors {
     info(
         title = "opledger read API",
         description = "Operations, events, the reconciliation queue and the projections of an \
-            opledger ledger. Every route but this document needs `Authorization: Bearer \
-            <admin token>`, the token held by the environment variable that `[api] \
-            admin_token_env` names."
+            opledger ledger, and the operations API for a bot's own handlers. Every route but \
+            this document needs `Authorization: Bearer <token>`: the admin token (the one held \
+            by the environment variable that `[api] admin_token_env` names), or for the \
+            operations API a client's token (`[[api.clients]]`), which opens only its bot's \
+            operations."
     ),
     modifiers(&AdminTokenScheme),
     components(schemas(ErrorBody)),
@@ -95,18 +102,29 @@ impl utoipa::Modify for AdminTokenScheme {
             "admin_token",
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
+        // A client's token ([[api.clients]]): only the operations API, for its own bot.
+        components.add_security_scheme(
+            "client_token",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
     }
 }
 
-/// The routes that need the admin token.
+/// The routes that need a token, answered within [`READ_TIMEOUT`] (the admin's, or for the
+/// operations API a client's: each handler says which it takes).
 fn guarded() -> OpenApiRouter<Arc<AppState>> {
     OpenApiRouter::with_openapi(Document::openapi())
-        .routes(routes!(operations::list))
-        .routes(routes!(operations::get))
+        .routes(routes!(operations::list, submit::submit))
         .routes(routes!(operations::events))
         .routes(routes!(events::stream))
         .routes(routes!(read_models::reconciliation))
         .routes(routes!(read_models::projections))
+}
+
+/// The routes that need a token and may wait longer than [`READ_TIMEOUT`] (each of their reads
+/// is bounded by it).
+fn waiting() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new().routes(routes!(operations::get))
 }
 
 /// The routes open to anyone who can reach the listen address.
@@ -116,18 +134,27 @@ fn open() -> OpenApiRouter<Arc<AppState>> {
 
 /// The OpenAPI document of the read API (what `GET /v1/openapi.json` serves).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    guarded().merge(open()).into_openapi()
+    guarded().merge(waiting()).merge(open()).into_openapi()
 }
 
 /// How long a data route waits for storage before it answers 503 (a JSON error, before the
 /// server's own request timeout cuts the request off without one).
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The answer when storage does not answer within [`READ_TIMEOUT`].
+fn slow_storage() -> ApiError {
+    ApiError::Unavailable(format!(
+        "storage did not answer within {} s; retry later",
+        READ_TIMEOUT.as_secs()
+    ))
+}
+
 /// The `/v1` routes, guarded by the admin token in `state`.
 pub(crate) fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
     let guarded = guarded()
         .route_layer(middleware::from_fn(within_time))
-        .route_layer(middleware::from_fn_with_state(state, auth::require_admin));
+        .merge(waiting())
+        .route_layer(middleware::from_fn_with_state(state, auth::authenticate));
     let (router, document) = guarded.merge(open()).split_for_parts();
     let json = match document.to_pretty_json() {
         Ok(json) => json,
@@ -147,11 +174,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
 async fn within_time(request: Request, next: Next) -> Response {
     match tokio::time::timeout(READ_TIMEOUT, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => ApiError::Unavailable(format!(
-            "storage did not answer within {} s; retry later",
-            READ_TIMEOUT.as_secs()
-        ))
-        .into_response(),
+        Err(_) => slow_storage().into_response(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! from the inline `operation_status` read model and the operation's stream.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -11,10 +12,12 @@ use opledger_domain::NameKind;
 use opledger_domain::ids::validate_name;
 use opledger_domain::operation::Status;
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow};
+use opledger_store::EventStore;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::api::ReadErrors;
+use crate::api::auth::{Admin, Caller};
 use crate::api::error::ApiError;
 use crate::api::events::{self, EventPage};
 use crate::api::params::{Params, quote};
@@ -24,6 +27,9 @@ use crate::app::AppState;
 const DEFAULT_LIMIT: u32 = 50;
 /// The most operations one answer lists.
 const MAX_LIMIT: u32 = 500;
+/// How often a waiting `GET /v1/operations/{id}` looks again when nothing wakes it (another
+/// instance may be the one that settles the operation).
+const WAIT_POLL: Duration = Duration::from_millis(200);
 
 /// One operation as the read API shows it: the `operation_status` row.
 #[derive(Debug, Serialize, ToSchema)]
@@ -130,6 +136,7 @@ fn states() -> impl Iterator<Item = &'static str> {
     security(("admin_token" = [])),
 )]
 pub(crate) async fn list(
+    _: Admin,
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<OperationList>, ApiError> {
@@ -186,34 +193,73 @@ fn operation_id(path: Result<Path<String>, PathRejection>) -> Result<String, Api
     Ok(id)
 }
 
-/// The operation's row, or 404.
-async fn row(state: &AppState, id: &str) -> Result<OperationStatusRow, ApiError> {
-    operation_status::get(state.intake.store().reader(), id)
-        .await?
+/// The operation's row, or 404 (also when `caller` may not see it: a client learns nothing of
+/// another bot's operations, not even that they exist).
+pub(crate) async fn row(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<OperationStatusRow, ApiError> {
+    let read = operation_status::get(state.intake.store().reader(), id);
+    let row = tokio::time::timeout(super::READ_TIMEOUT, read)
+        .await
+        .map_err(|_| super::slow_storage())??;
+    row.filter(|row| caller.may_read(&row.bot))
         .ok_or_else(|| ApiError::NotFound(format!("no operation has the id `{id}`")))
 }
 
-/// One operation.
+/// Whether an operation in `status` can still change its outcome.
+fn settled(status: &str) -> bool {
+    Status::ALL
+        .iter()
+        .any(|s| s.as_str() == status && s.is_terminal())
+}
+
+/// One operation; with `wait`, once it is settled (confirmed, failed or reconciled) or the wait
+/// is over, whichever comes first, so that a handler can answer its user with the outcome.
 #[utoipa::path(
     get,
     path = "/v1/operations/{id}",
     operation_id = "get_operation",
     tag = "operations",
-    params(("id" = String, Path, format = Uuid, description = "The operation's id (a UUID).")),
+    params(
+        ("id" = String, Path, format = Uuid, description = "The operation's id (a UUID)."),
+        ("wait" = Option<i64>, Query, minimum = 0, maximum = 4_294_967_295_u32, description = "Wait up to this many \
+            seconds for the operation to settle (confirmed, failed or reconciled) before \
+            answering; capped a second under the server's request timeout (9 s by default). \
+            Default 0: answer at once."),
+    ),
     responses(
-        (status = 200, description = "The operation.", body = OperationView),
+        (status = 200, description = "The operation (settled, or as it was when the wait ended).", body = OperationView),
         ReadErrors,
     ),
-    security(("admin_token" = [])),
+    security(("admin_token" = []), ("client_token" = [])),
 )]
 pub(crate) async fn get(
+    caller: Caller,
     State(state): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<OperationView>, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    let params = Params::parse(query.as_deref(), &["wait"])?;
     let id = operation_id(path)?;
-    Ok(Json(row(&state, &id).await?.into()))
+    let wait = params.parsed::<u32>("wait", "a number of seconds from 0")?;
+    let wait = Duration::from_secs(wait.unwrap_or(0).into()).min(state.longest_wait);
+    let deadline = tokio::time::Instant::now() + wait;
+    // Commits of this process wake the wait; another instance's are seen by polling.
+    let mut head = state.intake.store().subscribe();
+    loop {
+        let row = row(&state, &caller, &id).await?;
+        let now = tokio::time::Instant::now();
+        if settled(&row.status) || now >= deadline {
+            return Ok(Json(row.into()));
+        }
+        let poll = (deadline - now).min(WAIT_POLL);
+        tokio::select! {
+            _ = head.changed() => {}
+            () = tokio::time::sleep(poll) => {}
+        }
+    }
 }
 
 /// The events of an operation's stream, in version order, payloads and metadata as JSON.
@@ -233,16 +279,17 @@ pub(crate) async fn get(
         (status = 200, description = "The operation's events.", body = EventPage),
         ReadErrors,
     ),
-    security(("admin_token" = [])),
+    security(("admin_token" = []), ("client_token" = [])),
 )]
 pub(crate) async fn events(
+    caller: Caller,
     State(state): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<EventPage>, ApiError> {
     let params = Params::parse(query.as_deref(), events::PARAMS)?;
     let id = operation_id(path)?;
-    let row = row(&state, &id).await?;
+    let row = row(&state, &caller, &id).await?;
     let stream = opledger_store::StreamId::new(row.stream_id.clone())
         .map_err(|e| ApiError::Internal(format!("operation {id} names a bad stream: {e}")))?;
     Ok(Json(events::page(&state, &stream, &params).await?))

@@ -13,6 +13,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::api::ReadErrors;
+use crate::api::auth::Admin;
 use crate::api::error::ApiError;
 use crate::api::params::Params;
 use crate::app::AppState;
@@ -90,6 +91,7 @@ pub(crate) struct ReconciliationQueue {
     security(("admin_token" = [])),
 )]
 pub(crate) async fn reconciliation(
+    _: Admin,
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<ReconciliationQueue>, ApiError> {
@@ -159,6 +161,7 @@ pub(crate) struct ProjectionList {
     security(("admin_token" = [])),
 )]
 pub(crate) async fn projections(
+    _: Admin,
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<ProjectionList>, ApiError> {
