@@ -14,7 +14,7 @@ use opledger_server::ManualClock;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::app::{Backend, Ledger, SECRET, TOKEN, TestApp, on_both_backends};
+use crate::support::app::{Backend, Ledger, SECRET, TOKEN, TestApp, click, on_both_backends};
 use crate::support::fake_service::FakeService;
 use crate::support::fake_telegram::FakeTelegram;
 
@@ -137,6 +137,7 @@ on_both_backends!(
     concurrent_requests_for_one_key_start_one_operation,
     a_request_that_does_not_fit_is_refused_and_starts_nothing,
     a_client_token_opens_only_its_own_bots_operations,
+    a_button_from_the_api_starts_its_operation_once,
 );
 
 async fn a_business_key_starts_one_operation_and_the_worker_carries_it_out(backend: Backend) {
@@ -287,7 +288,7 @@ async fn a_request_that_does_not_fit_is_refused_and_starts_nothing(backend: Back
         ),
         (
             json!({ "action": "lead", "params": { "name": "Ada", "phone": "1" }, "update_id": 1, "bot": "other" }),
-            "may only start operations of bot `shop`",
+            "may only act for bot `shop`",
         ),
         // coupon's key needs the user.
         (
@@ -320,7 +321,7 @@ async fn a_request_that_does_not_fit_is_refused_and_starts_nothing(backend: Back
         answer["message"]
             .as_str()
             .unwrap()
-            .contains("name the `bot`")
+            .contains("name the `bot` it is for")
     );
     assert!(world.operations().await.is_empty(), "nothing was started");
     assert_eq!(world.app.count("Received").await, 0);
@@ -378,5 +379,84 @@ async fn a_client_token_opens_only_its_own_bots_operations(backend: Backend) {
         .get(ADMIN_TOKEN, &format!("/v1/operations/{id}"))
         .await;
     assert_eq!(status, StatusCode::OK);
+    world.app.stop().await;
+}
+
+async fn a_button_from_the_api_starts_its_operation_once(backend: Backend) {
+    let Some(world) = World::start(backend).await else {
+        return;
+    };
+    let button = |user: i64, expires: u32| {
+        json!({
+            "action": "coupon",
+            "params": { "campaign": "spring" },
+            "user_id": user,
+            "chat_id": user,
+            "expires_in_secs": expires,
+        })
+    };
+    let request = |body: Value| world.app.http.post(world.url("/v1/buttons")).json(&body);
+    let (status, issued) = world.send(request(button(7, 600)), SHOP_CLIENT).await;
+    assert_eq!(status, StatusCode::CREATED, "{issued}");
+    let data = issued["callback_data"]
+        .as_str()
+        .expect("callback data")
+        .to_owned();
+    assert!(
+        data.len() <= 64 && data.starts_with("t1_"),
+        "fits callback_data: {data}"
+    );
+
+    // A double click and another user's click: one operation, for the user it was issued to.
+    for (update_id, user) in [(500, 7), (501, 7), (502, 8)] {
+        let response = world.app.deliver(click(update_id, user, &data)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let operations = world.operations().await;
+    assert_eq!(operations.len(), 1, "{operations:?}");
+    assert_eq!(operations[0]["business_key"], "spring:7");
+    assert_eq!(world.app.count("TokenConsumed").await, 1);
+    assert_eq!(world.app.count("TokenRejected").await, 2);
+
+    // An expired button starts nothing.
+    let (status, late) = world.send(request(button(9, 1)), SHOP_CLIENT).await;
+    assert_eq!(status, StatusCode::CREATED, "{late}");
+    world.app.clock.advance(TimeDelta::seconds(5));
+    let late = late["callback_data"].as_str().unwrap().to_owned();
+    assert_eq!(
+        world.app.deliver(click(503, 9, &late)).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        world.operations().await.len(),
+        1,
+        "the late click started nothing"
+    );
+    assert_eq!(world.app.count("TokenRejected").await, 3);
+
+    // A button that does not fit the action, or of another bot's client, is not issued.
+    let mut wrong = button(7, 600);
+    wrong["params"] = json!({ "season": "spring" });
+    for (body, token, says) in [
+        (wrong, SHOP_CLIENT, "`season` is not one of its parameters"),
+        (
+            button(7, 0),
+            SHOP_CLIENT,
+            "`expires_in_secs` must be 1 to 604800",
+        ),
+        (
+            button(7, 600),
+            OTHER_CLIENT,
+            "bot `other` has no action named `coupon`",
+        ),
+    ] {
+        let (status, answer) = world.send(request(body), token).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert!(
+            answer["message"].as_str().unwrap().contains(says),
+            "{answer}"
+        );
+    }
+    assert_eq!(world.app.count("TokenIssued").await, 2);
     world.app.stop().await;
 }

@@ -560,6 +560,12 @@ impl ApiClient {
         )?;
         validate_name(NameKind::Client, &name)
             .map_err(|e| ConfigError::key_problem(key("name"), e.to_string()))?;
+        if name == "admin" {
+            return Err(ConfigError::key_problem(
+                key("name"),
+                "`admin` is reserved for what the admin token starts; give the client another name",
+            ));
+        }
         let bot = required(
             &key("bot"),
             raw.bot,

@@ -20,6 +20,7 @@
 //! `POST /v1/operations` (`submit.rs`), goes through the intake's unit of work like a command.
 
 mod auth;
+mod buttons;
 mod error;
 mod events;
 mod operations;
@@ -116,6 +117,7 @@ fn guarded() -> OpenApiRouter<Arc<AppState>> {
     OpenApiRouter::with_openapi(Document::openapi())
         .routes(routes!(operations::list, submit::submit))
         .routes(routes!(operations::events))
+        .routes(routes!(buttons::issue))
         .routes(routes!(events::stream))
         .routes(routes!(read_models::reconciliation))
         .routes(routes!(read_models::projections))

@@ -80,22 +80,7 @@ pub(crate) async fn submit(
             request.update_id
         )));
     }
-    let (client, bot) = match (&caller, request.bot) {
-        (Caller::Client(client), None) => (client.name.clone(), client.bot.clone()),
-        (Caller::Client(client), Some(bot)) if bot == client.bot => (client.name.clone(), bot),
-        (Caller::Client(client), Some(bot)) => {
-            return Err(ApiError::BadBody(format!(
-                "this client may only start operations of bot `{}`, not `{bot}`",
-                client.bot
-            )));
-        }
-        (Caller::Admin, Some(bot)) => ("admin".to_owned(), bot),
-        (Caller::Admin, None) => {
-            return Err(ApiError::BadBody(
-                "name the `bot` the operation is for (a client's token implies it)".to_owned(),
-            ));
-        }
-    };
+    let (client, bot) = client_and_bot(&caller, request.bot)?;
     let submission = Submission {
         client,
         bot,
@@ -128,8 +113,28 @@ pub(crate) async fn submit(
     Ok((status, [(header::LOCATION, location)], Json(view)).into_response())
 }
 
-/// What a refused submission answers.
-fn refused(error: IntakeError) -> ApiError {
+/// The client's name and the bot a request is for: a client's own (naming another is refused),
+/// or the one the admin names.
+pub(crate) fn client_and_bot(
+    caller: &Caller,
+    named: Option<String>,
+) -> Result<(String, String), ApiError> {
+    match (caller, named) {
+        (Caller::Client(client), None) => Ok((client.name.clone(), client.bot.clone())),
+        (Caller::Client(client), Some(bot)) if bot == client.bot => Ok((client.name.clone(), bot)),
+        (Caller::Client(client), Some(bot)) => Err(ApiError::BadBody(format!(
+            "this client may only act for bot `{}`, not `{bot}`",
+            client.bot
+        ))),
+        (Caller::Admin, Some(bot)) => Ok(("admin".to_owned(), bot)),
+        (Caller::Admin, None) => Err(ApiError::BadBody(
+            "name the `bot` it is for (a client's token implies it)".to_owned(),
+        )),
+    }
+}
+
+/// What a refused request answers.
+pub(crate) fn refused(error: IntakeError) -> ApiError {
     match error {
         IntakeError::UnknownBot(bot) => {
             ApiError::BadBody(format!("no bot named `{bot}` is configured"))

@@ -176,6 +176,41 @@ impl Rules {
     fn action_for(&self, bot: &str, command: &str) -> Option<&ActionConfig> {
         self.commands.get(bot)?.get(command).map(AsRef::as_ref)
     }
+
+    /// `bot`'s action named `action`, if `params` are its parameters, each of them (not empty)
+    /// and no other: what a client may ask for.
+    pub(super) fn fitting(
+        &self,
+        bot: &str,
+        action: &str,
+        params: &BTreeMap<String, String>,
+    ) -> Result<&ActionConfig, IntakeRejection> {
+        let Some(action) = self.actions.get(action).filter(|a| a.bot == bot) else {
+            return Err(IntakeRejection::NoSuchAction {
+                bot: bot.to_owned(),
+                action: action.to_owned(),
+            });
+        };
+        let problem = |problem: String| IntakeRejection::Parameters {
+            action: action.name.clone(),
+            problem,
+        };
+        let declared = |name: &String| action.params.contains(name);
+        if let Some(extra) = params.keys().find(|name| !declared(name)) {
+            return Err(problem(format!(
+                "`{extra}` is not one of its parameters ({})",
+                action.params.join(", ")
+            )));
+        }
+        if let Some(missing) = action
+            .params
+            .iter()
+            .find(|name| params.get(*name).is_none_or(String::is_empty))
+        {
+            return Err(problem(format!("`{missing}` is missing or empty")));
+        }
+        Ok(action)
+    }
 }
 
 /// One parsed update, arriving for `bot` at `now`.
@@ -555,35 +590,14 @@ pub(super) fn submit(
 ) -> Result<Started, Undecided<IntakeRejection>> {
     let bot = submission.bot.as_str();
     let action = rules
-        .actions
-        .get(&submission.action)
-        .filter(|action| action.bot == bot)
-        .ok_or_else(|| {
-            rejected(IntakeRejection::NoSuchAction {
-                bot: bot.to_owned(),
-                action: submission.action.clone(),
-            })
-        })?;
+        .fitting(bot, &submission.action, &submission.params)
+        .map_err(rejected)?;
     let problem = |problem: String| {
         rejected(IntakeRejection::Parameters {
             action: action.name.clone(),
             problem,
         })
     };
-    let declared = |name: &String| action.params.contains(name);
-    if let Some(extra) = submission.params.keys().find(|name| !declared(name)) {
-        return Err(problem(format!(
-            "`{extra}` is not one of its parameters ({})",
-            action.params.join(", ")
-        )));
-    }
-    if let Some(missing) = action
-        .params
-        .iter()
-        .find(|name| submission.params.get(*name).is_none_or(String::is_empty))
-    {
-        return Err(problem(format!("`{missing}` is missing or empty")));
-    }
     let origin = Origin {
         bot,
         update_id: submission.update_id,

@@ -213,6 +213,24 @@ impl Intake {
         Ok(Recorded::Quarantined { reason })
     }
 
+    /// Issues a one-time button token for a client of `bot`, after checking that `action` is
+    /// one of the bot's and `payload` its parameters (see [`Intake::issue_token`]).
+    pub async fn issue_button(
+        &self,
+        bot: &str,
+        action: &str,
+        user_id: i64,
+        chat_id: Option<i64>,
+        payload: BTreeMap<String, String>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<String, IntakeError> {
+        self.rules
+            .fitting(bot, action, &payload)
+            .map_err(|rejection| IntakeError::Unit(UnitError::Rejected(rejection)))?;
+        self.issue_token(action, user_id, chat_id, payload, expires_at)
+            .await
+    }
+
     /// Issues a one-time button token for `user_id`: a click on it by that user, before
     /// `expires_at`, starts `action` with `payload` as its parameters, once.
     pub async fn issue_token(
