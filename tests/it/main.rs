@@ -9,6 +9,7 @@ mod conformance;
 mod crash;
 mod edge;
 mod fixtures;
+mod hostile_text;
 mod intake;
 mod polling;
 mod postgres;

@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use opledger_domain::text::storable;
 use reqwest::StatusCode;
 use reqwest::header::RETRY_AFTER;
 use secrecy::{ExposeSecret, SecretString};
@@ -123,7 +124,12 @@ pub struct WebhookInfo {
 
 impl WebhookInfo {
     fn from_value(value: &Value) -> WebhookInfo {
-        let string = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+        let string = |key: &str| {
+            value
+                .get(key)
+                .and_then(Value::as_str)
+                .map(|text| storable(text).into_owned())
+        };
         let date = |key: &str| {
             value
                 .get(key)
@@ -549,12 +555,15 @@ fn interpret(
                 .as_ref()
                 .and_then(Value::as_i64)
                 .unwrap_or_else(|| i64::from(status.as_u16()));
-            let description = envelope
-                .description
-                .as_ref()
-                .and_then(Value::as_str)
-                .unwrap_or("no description")
-                .to_owned();
+            // Kept in the ledger when a reply fails: as storable as any text from outside.
+            let description = storable(
+                envelope
+                    .description
+                    .as_ref()
+                    .and_then(Value::as_str)
+                    .unwrap_or("no description"),
+            )
+            .into_owned();
             let parameters = envelope.parameters.as_ref();
             let retry_after = parameters
                 .and_then(|p| p.get("retry_after"))

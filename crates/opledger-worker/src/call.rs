@@ -99,7 +99,8 @@ impl Calls {
         }
         opledger_ledger::failpoint::crash("worker-after-call-sent");
         let request = effect_request(&handle);
-        let outcome = action.effector.call(&request).await;
+        // Every answer is kept as the ledger can store it, whatever the effector (ADR 0010).
+        let outcome = action.effector.call(&request).await.kept();
         opledger_ledger::failpoint::crash("worker-after-response");
         let now = self.ops.now();
         let command = match outcome {
@@ -246,7 +247,7 @@ impl Calls {
             };
         }
         let request = effect_request(handle);
-        match effector.lookup(&request).await {
+        match effector.lookup(&request).await.kept() {
             LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
             LookupOutcome::Absent => OperationCommand::ScheduleRetry {
                 at: self.ops.now() + self.delay(handle, None),

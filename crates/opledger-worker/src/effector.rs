@@ -11,6 +11,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use opledger_domain::text::{storable_string, storable_value};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -87,6 +88,57 @@ pub enum LookupOutcome {
     },
     /// This effector has no lookup.
     Unsupported,
+}
+
+impl Success {
+    /// The answer as the ledger keeps it (ADR 0010): the effect happened, so its answer cannot
+    /// be refused; what a backend cannot store is replaced instead.
+    pub(crate) fn kept(self) -> Success {
+        Success {
+            external_id: self.external_id.map(storable_string),
+            result: self
+                .result
+                .into_iter()
+                .map(|(name, value)| (storable_string(name), storable_value(value)))
+                .collect(),
+            response_digest: self.response_digest.map(storable_string),
+        }
+    }
+}
+
+impl CallOutcome {
+    /// The outcome as the ledger keeps it (see [`Success::kept`]).
+    pub(crate) fn kept(self) -> CallOutcome {
+        match self {
+            CallOutcome::Succeeded(success) => CallOutcome::Succeeded(success.kept()),
+            CallOutcome::Rejected { reason } => CallOutcome::Rejected {
+                reason: storable_string(reason),
+            },
+            CallOutcome::NotDone {
+                reason,
+                retry_after,
+            } => CallOutcome::NotDone {
+                reason: storable_string(reason),
+                retry_after,
+            },
+            CallOutcome::Unknown { reason } => CallOutcome::Unknown {
+                reason: storable_string(reason),
+            },
+        }
+    }
+}
+
+impl LookupOutcome {
+    /// The outcome as the ledger keeps it (see [`Success::kept`]).
+    pub(crate) fn kept(self) -> LookupOutcome {
+        match self {
+            LookupOutcome::Found(success) => LookupOutcome::Found(success.kept()),
+            LookupOutcome::Failed { reason } => LookupOutcome::Failed {
+                reason: storable_string(reason),
+            },
+            other => other,
+        }
+    }
 }
 
 /// Something that performs an action's side effect: the built-in [`HttpEffector`], or an
