@@ -21,7 +21,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use secrecy::{ExposeSecret, SecretString};
-
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
