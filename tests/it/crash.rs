@@ -16,7 +16,7 @@ use opledger_store::EventStore;
 use crate::support::app::{Backend, Ledger, SECRET, TOKEN, message_from};
 use crate::support::fake_service::FakeService;
 use crate::support::fake_telegram::FakeTelegram;
-use crate::support::serving::{PATIENCE, Serving, opledger, write_config};
+use crate::support::serving::{PATIENCE, Serving, opledger, write_coupon_config};
 
 /// What the fake service offers for resolving an unknown outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,24 +121,11 @@ impl Rig {
             Service::Lookup => format!("lookup_url = \"{}\"\n", service.lookup_url()),
             _ => String::new(),
         };
-        let config = write_config(
-            dir.path(),
-            "opledger.toml",
-            &format!(
-                "[storage]\nurl = \"{ledger}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-                 [[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_TOKEN\"\n\
-                 webhook_secret_env = \"SHOP_SECRET\"\napi_base_url = \"{api}\"\n\
-                 [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
-                 params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n\
-                 [actions.effector]\nurl = \"{url}\"\ntimeout_ms = 300\n\
-                 honours_idempotency_key = {honours}\n{lookup}",
-                ledger = ledger.url(),
-                api = telegram.base_url(),
-                url = service.url(),
-                honours = kind == Service::Honours,
-            ),
+        let keys = format!(
+            "timeout_ms = 300\nhonours_idempotency_key = {}\n{lookup}",
+            kind == Service::Honours
         );
-        let config = config.to_str().expect("a UTF-8 path").to_owned();
+        let config = write_coupon_config(dir.path(), &ledger, &telegram, &service, &keys);
         Some(Rig {
             ledger,
             service,

@@ -138,6 +138,7 @@ on_both_backends!(
     a_request_that_does_not_fit_is_refused_and_starts_nothing,
     a_client_token_opens_only_its_own_bots_operations,
     a_button_from_the_api_starts_its_operation_once,
+    a_nul_in_parameters_is_kept_as_both_backends_can_store_it,
 );
 
 async fn a_business_key_starts_one_operation_and_the_worker_carries_it_out(backend: Backend) {
@@ -458,5 +459,29 @@ async fn a_button_from_the_api_starts_its_operation_once(backend: Backend) {
         );
     }
     assert_eq!(world.app.count("TokenIssued").await, 2);
+    world.app.stop().await;
+}
+
+/// U+0000, which PostgreSQL cannot store, is kept as U+FFFD (ADR 0010): the request is
+/// answered, never a 503 that a retrying handler would repeat forever.
+async fn a_nul_in_parameters_is_kept_as_both_backends_can_store_it(backend: Backend) {
+    let Some(world) = World::start(backend).await else {
+        return;
+    };
+    let (status, started) = world
+        .post(SHOP_CLIENT, &lead("A\u{0}da", "+5\u{0}00", 60))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{started}");
+    assert_eq!(started["business_key"], "+5\u{FFFD}00");
+    let (status, again) = world
+        .post(SHOP_CLIENT, &lead("A\u{0}da", "+5\u{0}00", 61))
+        .await;
+    assert_eq!(status, StatusCode::OK, "the same operation again: {again}");
+    world.work().await;
+    let id = started["operation_id"].as_str().unwrap();
+    let (_, settled) = world
+        .get(SHOP_CLIENT, &format!("/v1/operations/{id}"))
+        .await;
+    assert_eq!(settled["status"], "confirmed", "{settled}");
     world.app.stop().await;
 }

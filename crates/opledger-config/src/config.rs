@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use opledger_domain::NameKind;
 use opledger_domain::ids::validate_name;
+use opledger_domain::text::Redactor;
 use secrecy::{ExposeSecret, SecretString};
 use url::Url;
 
@@ -152,6 +153,25 @@ impl Config {
             bots,
             actions,
         })
+    }
+
+    /// Scrubs every secret of this configuration (bot tokens, webhook secrets, the admin token,
+    /// passwords in effector URLs) from text received from outside, before it is kept in an
+    /// event, a log line or a command's output (ADR 0011).
+    pub fn redactor(&self) -> Redactor {
+        let url_passwords: Vec<SecretString> = self
+            .actions
+            .iter()
+            .filter_map(|action| action.effector.as_ref()?.url.password())
+            .map(SecretString::from)
+            .collect();
+        Redactor::new(
+            self.bots
+                .iter()
+                .flat_map(|bot| std::iter::once(&bot.token).chain(bot.webhook_secret.as_ref()))
+                .chain(self.api.admin_token.as_ref())
+                .chain(&url_passwords),
+        )
     }
 
     /// The bot named `name`.

@@ -54,7 +54,7 @@ pub(crate) fn decode_payload<T: DeserializeOwned>(
             supported: SCHEMA_VERSION,
         });
     }
-    serde_json::from_slice(payload).map_err(|source| DecodeError::BadPayload {
+    crate::text::from_stored_json(payload).map_err(|source| DecodeError::BadPayload {
         event_type: event_type.to_owned(),
         source,
     })
@@ -229,6 +229,6 @@ impl EventMetadata {
 
     /// Reads metadata back from the bytes the store kept.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, DecodeError> {
-        serde_json::from_slice(bytes).map_err(|source| DecodeError::BadMetadata { source })
+        crate::text::from_stored_json(bytes).map_err(|source| DecodeError::BadMetadata { source })
     }
 }

@@ -44,6 +44,7 @@ pub mod ids;
 pub mod operation;
 pub mod quarantine;
 pub mod repeat_guard;
+pub mod text;
 
 pub use aggregate::Aggregate;
 pub use callback_token::{CallbackToken, CallbackTokenCommand, CallbackTokenEvent, TokenStatus};

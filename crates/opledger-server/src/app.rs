@@ -206,8 +206,9 @@ impl App {
         let grace = self.config.server.shutdown_grace;
         let (stop, stopped) = watch::channel(false);
         let mut pollers = Vec::new();
+        let redactor = self.config.redactor();
         for bot in self.config.bots.iter().filter(|b| b.mode == BotMode::Poll) {
-            match poll::Poller::new(bot, self.state.clone()) {
+            match poll::Poller::new(bot, &redactor, self.state.clone()) {
                 Ok(poller) => pollers.push(tokio::spawn(poller.run(stopped.clone()))),
                 Err(error) => tracing::error!(bot = %bot.name, %error, "cannot poll this bot"),
             }

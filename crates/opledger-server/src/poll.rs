@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opledger_config::BotConfig;
+use opledger_domain::text::Redactor;
 use opledger_telegram::{BotApi, BotApiError};
 use tokio::sync::watch;
 
@@ -27,9 +28,15 @@ pub(crate) struct Poller {
 }
 
 impl Poller {
-    pub(crate) fn new(bot: &BotConfig, state: Arc<AppState>) -> Result<Self, BotApiError> {
+    /// The poller of `bot`, scrubbing the secrets `redactor` knows from Telegram's answers.
+    pub(crate) fn new(
+        bot: &BotConfig,
+        redactor: &Redactor,
+        state: Arc<AppState>,
+    ) -> Result<Self, BotApiError> {
         let timeout_secs = u32::try_from(bot.poll_timeout.as_secs()).unwrap_or(50);
-        let api = BotApi::new(&bot.api_base_url, bot.token.clone(), BotApi::http_client()?)?;
+        let api = BotApi::new(&bot.api_base_url, bot.token.clone(), BotApi::http_client()?)?
+            .redacting(redactor);
         Ok(Self {
             bot: bot.name.clone(),
             api,

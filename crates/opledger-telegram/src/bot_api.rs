@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use opledger_domain::text::{Redactor, storable};
 use reqwest::StatusCode;
 use reqwest::header::RETRY_AFTER;
 use secrecy::{ExposeSecret, SecretString};
@@ -35,6 +36,9 @@ pub struct BotApi {
     token: SecretString,
     http: reqwest::Client,
     request_timeout: Duration,
+    /// Scrubs the token (and the other secrets it was given) from every text Telegram sends
+    /// back before it leaves this client: an error may echo the request's path.
+    redactor: Redactor,
 }
 
 impl fmt::Debug for BotApi {
@@ -122,8 +126,14 @@ pub struct WebhookInfo {
 }
 
 impl WebhookInfo {
-    fn from_value(value: &Value) -> WebhookInfo {
-        let string = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+    /// Reads the answer, every text as it may be shown: storable and without a known secret.
+    fn from_value(value: &Value, redactor: &Redactor) -> WebhookInfo {
+        let string = |key: &str| {
+            value
+                .get(key)
+                .and_then(Value::as_str)
+                .map(|text| redactor.kept(text))
+        };
         let date = |key: &str| {
             value
                 .get(key)
@@ -273,10 +283,18 @@ impl BotApi {
         }
         Ok(BotApi {
             base: url.as_str().trim_end_matches('/').to_owned(),
+            redactor: Redactor::new([&token]),
             token,
             http,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         })
+    }
+
+    /// Scrubs the secrets `redactor` knows too (the whole configuration's, see
+    /// `Config::redactor`) from what Telegram sends back; the token always is.
+    pub fn redacting(mut self, redactor: &Redactor) -> Self {
+        self.redactor = redactor.with([&self.token]);
+        self
     }
 
     /// An HTTP client suited to the Bot API: no redirects (they would carry the token elsewhere)
@@ -375,7 +393,7 @@ impl BotApi {
             .await?;
         let value: Value =
             serde_json::from_str(result.get()).map_err(|e| decode_error(METHOD, &e))?;
-        Ok(WebhookInfo::from_value(&value))
+        Ok(WebhookInfo::from_value(&value, &self.redactor))
     }
 
     /// `deleteWebhook`, needed before long polling. `drop_pending_updates` discards user actions
@@ -470,6 +488,8 @@ impl BotApi {
             interpret(method, status, retry_after, &bytes)
         }
         .await;
+        // Telegram's descriptions are kept (in the ledger, logs, output): never with a secret.
+        let outcome = outcome.map_err(|error| error.redacted(&self.redactor));
         if let Err(error) = &outcome {
             // The error's Display never contains the token.
             tracing::debug!(method, %error, "bot api call failed");
@@ -549,12 +569,15 @@ fn interpret(
                 .as_ref()
                 .and_then(Value::as_i64)
                 .unwrap_or_else(|| i64::from(status.as_u16()));
-            let description = envelope
-                .description
-                .as_ref()
-                .and_then(Value::as_str)
-                .unwrap_or("no description")
-                .to_owned();
+            // Kept in the ledger when a reply fails: as storable as any text from outside.
+            let description = storable(
+                envelope
+                    .description
+                    .as_ref()
+                    .and_then(Value::as_str)
+                    .unwrap_or("no description"),
+            )
+            .into_owned();
             let parameters = envelope.parameters.as_ref();
             let retry_after = parameters
                 .and_then(|p| p.get("retry_after"))

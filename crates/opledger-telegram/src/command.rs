@@ -2,6 +2,7 @@
 //! request typed differently (case, `@botname`, extra spaces, composed or decomposed accents) yields
 //! the same stream id and fingerprint.
 
+use opledger_domain::text::storable;
 use serde_json::Value;
 use unicode_normalization::UnicodeNormalization;
 
@@ -91,8 +92,10 @@ pub(crate) fn from_message(message: &Value) -> Option<Command> {
     from_parts(&text[..end], &text[end..])
 }
 
-/// Builds the command from its word (`/name@bot`) and the text after it.
+/// Builds the command from its word (`/name@bot`) and the text after it, as the ledger can keep
+/// them (`opledger_domain::text::storable`): every part of a command is stored.
 fn from_parts(word: &str, rest: &str) -> Option<Command> {
+    let (word, rest) = (storable(word), storable(rest));
     let body = word.strip_prefix('/')?;
     let (name, mention) = match body.split_once('@') {
         Some((name, mention)) => (name, Some(mention)),

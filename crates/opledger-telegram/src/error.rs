@@ -2,6 +2,8 @@
 //! ([`Quarantine`]) and a Bot API call that did not succeed ([`BotApiError`]). No message here ever
 //! contains the bot token or the body of an update.
 
+use opledger_domain::text::Redactor;
+
 /// Why an update body was set aside instead of recorded.
 ///
 /// The intake still answers 200 for these (Telegram would only re-send the same bytes), and keeps a
@@ -183,6 +185,30 @@ impl BotApiError {
             | Self::Unreachable { .. } => true,
             Self::Api { code, .. } => (400..500).contains(code) && *code != 408,
             Self::Timeout { .. } | Self::Transport { .. } | Self::Decode { .. } => false,
+        }
+    }
+
+    /// The error with every secret `redactor` knows scrubbed from Telegram's descriptions, the
+    /// only texts in it that come from outside (ADR 0011).
+    pub fn redacted(self, redactor: &Redactor) -> Self {
+        match self {
+            Self::Api {
+                method,
+                code,
+                description,
+            } => Self::Api {
+                method,
+                code,
+                description: redactor.kept_string(description),
+            },
+            Self::Conflict {
+                method,
+                description,
+            } => Self::Conflict {
+                method,
+                description: redactor.kept_string(description),
+            },
+            other => other,
         }
     }
 

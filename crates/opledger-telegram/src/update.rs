@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
+use opledger_domain::text::storable;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -45,7 +46,10 @@ macro_rules! update_kinds {
             pub fn from_key(key: &str) -> UpdateKind {
                 match key {
                     $($key => UpdateKind::$variant,)*
-                    other => UpdateKind::Other(other.chars().take(MAX_OTHER_KIND_CHARS).collect()),
+                    // Kept in the ledger: as storable as any text from outside.
+                    other => UpdateKind::Other(
+                        storable(other).chars().take(MAX_OTHER_KIND_CHARS).collect(),
+                    ),
                 }
             }
 
@@ -309,8 +313,11 @@ fn message_like(p: &Value) -> Derived {
 
 fn callback(p: &Value) -> Option<CallbackQuery> {
     Some(CallbackQuery {
-        id: p.get("id")?.as_str()?.to_owned(),
-        data: p.get("data").and_then(Value::as_str).map(str::to_owned),
+        id: storable(p.get("id")?.as_str()?).into_owned(),
+        data: p
+            .get("data")
+            .and_then(Value::as_str)
+            .map(|data| storable(data).into_owned()),
         from_user_id: int(p, &["from", "id"]),
         chat_id: int(p, &["message", "chat", "id"]),
         message_id: int(p, &["message", "message_id"]),

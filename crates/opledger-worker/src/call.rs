@@ -13,6 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use opledger_config::ActionConfig;
 use opledger_domain::operation::{Confirmed, ConfirmedVia, OperationCommand, Status};
+use opledger_domain::text::Redactor;
 use opledger_domain::{EventMetadata, Rejection};
 use opledger_ledger::{Changes, Snapshot, Undecided};
 use opledger_store::StreamId;
@@ -40,6 +41,8 @@ pub(crate) struct Calls {
     ops: Operations,
     backoff: Backoff,
     lease_margin: Duration,
+    /// Scrubs the configured secrets from every effector answer before it is kept (ADR 0011).
+    redactor: Redactor,
 }
 
 impl Calls {
@@ -49,7 +52,14 @@ impl Calls {
             ops,
             backoff,
             lease_margin,
+            redactor: Redactor::default(),
         }
+    }
+
+    /// These calls, keeping effector answers without the secrets `redactor` knows.
+    pub(crate) fn redacting(mut self, redactor: Redactor) -> Self {
+        self.redactor = redactor;
+        self
     }
 
     /// Claims the operation (with `carry`, a previous call's outcome, in the same commit),
@@ -99,7 +109,9 @@ impl Calls {
         }
         opledger_ledger::failpoint::crash("worker-after-call-sent");
         let request = effect_request(&handle);
-        let outcome = action.effector.call(&request).await;
+        // Every answer is kept storable and without a known secret, whatever the effector (ADRs
+        // 0010, 0011).
+        let outcome = action.effector.call(&request).await.kept(&self.redactor);
         opledger_ledger::failpoint::crash("worker-after-response");
         let now = self.ops.now();
         let command = match outcome {
@@ -246,7 +258,7 @@ impl Calls {
             };
         }
         let request = effect_request(handle);
-        match effector.lookup(&request).await {
+        match effector.lookup(&request).await.kept(&self.redactor) {
             LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
             LookupOutcome::Absent => OperationCommand::ScheduleRetry {
                 at: self.ops.now() + self.delay(handle, None),

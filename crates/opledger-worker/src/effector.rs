@@ -11,6 +11,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use opledger_domain::text::Redactor;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -89,6 +90,59 @@ pub enum LookupOutcome {
     Unsupported,
 }
 
+impl Success {
+    /// The answer as the ledger keeps it (ADRs 0010, 0011): the effect happened, so its answer
+    /// cannot be refused; what a backend cannot store is replaced instead, and so is every
+    /// secret `redactor` knows.
+    pub(crate) fn kept(self, redactor: &Redactor) -> Success {
+        Success {
+            external_id: self.external_id.map(|id| redactor.kept_string(id)),
+            result: self
+                .result
+                .into_iter()
+                .map(|(name, value)| (redactor.kept_string(name), redactor.kept_value(value)))
+                .collect(),
+            response_digest: self.response_digest.map(|d| redactor.kept_string(d)),
+        }
+    }
+}
+
+impl CallOutcome {
+    /// The outcome as the ledger keeps it (see [`Success::kept`]).
+    pub(crate) fn kept(self, redactor: &Redactor) -> CallOutcome {
+        let kept = |reason: String| redactor.kept_string(reason);
+        match self {
+            CallOutcome::Succeeded(success) => CallOutcome::Succeeded(success.kept(redactor)),
+            CallOutcome::Rejected { reason } => CallOutcome::Rejected {
+                reason: kept(reason),
+            },
+            CallOutcome::NotDone {
+                reason,
+                retry_after,
+            } => CallOutcome::NotDone {
+                reason: kept(reason),
+                retry_after,
+            },
+            CallOutcome::Unknown { reason } => CallOutcome::Unknown {
+                reason: kept(reason),
+            },
+        }
+    }
+}
+
+impl LookupOutcome {
+    /// The outcome as the ledger keeps it (see [`Success::kept`]).
+    pub(crate) fn kept(self, redactor: &Redactor) -> LookupOutcome {
+        match self {
+            LookupOutcome::Found(success) => LookupOutcome::Found(success.kept(redactor)),
+            LookupOutcome::Failed { reason } => LookupOutcome::Failed {
+                reason: redactor.kept_string(reason),
+            },
+            other => other,
+        }
+    }
+}
+
 /// Something that performs an action's side effect: the built-in [`HttpEffector`], or an
 /// in-process implementation in library use.
 ///
@@ -141,5 +195,49 @@ impl Effector for NoEffect {
 
     fn timeout(&self) -> Duration {
         Duration::from_secs(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opledger_config::SecretString;
+    use opledger_domain::text::REDACTED;
+
+    use super::*;
+
+    #[test]
+    fn answers_are_kept_storable_and_without_a_known_secret() {
+        let redactor = Redactor::new([&SecretString::from("s3cret-key")]);
+        let success = Success {
+            external_id: Some("ext\0s3cret-key".to_owned()),
+            result: BTreeMap::from([("code".to_owned(), Value::from("s3cret-key"))]),
+            response_digest: None,
+        };
+        let CallOutcome::Succeeded(kept) = CallOutcome::Succeeded(success).kept(&redactor) else {
+            panic!("still a success");
+        };
+        assert_eq!(kept.external_id, Some(format!("ext\u{FFFD}{REDACTED}")));
+        assert_eq!(kept.result["code"], REDACTED);
+        for outcome in [
+            CallOutcome::Rejected {
+                reason: "refused s3cret-key".to_owned(),
+            },
+            CallOutcome::Unknown {
+                reason: "no answer for s3cret-key".to_owned(),
+            },
+        ] {
+            let kept = format!("{:?}", outcome.kept(&redactor));
+            assert!(
+                !kept.contains("s3cret") && kept.contains(REDACTED),
+                "{kept}"
+            );
+        }
+        let LookupOutcome::Failed { reason } = (LookupOutcome::Failed {
+            reason: "lookup of s3cret-key".to_owned(),
+        })
+        .kept(&redactor) else {
+            panic!("still failed");
+        };
+        assert_eq!(reason, format!("lookup of {REDACTED}"));
     }
 }

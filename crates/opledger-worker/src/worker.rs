@@ -145,20 +145,24 @@ impl Worker {
             bot: String::new(),
             source,
         })?;
+        // Nothing received from outside is kept with a secret in it (ADR 0011).
+        let redactor = config.redactor();
         for bot in &config.bots {
             let api = BotApi::new(&bot.api_base_url, bot.token.clone(), bot_http.clone())
                 .map_err(|source| WorkerError::BotApi {
                     bot: bot.name.clone(),
                     source,
                 })?
-                .with_request_timeout(Duration::from_secs(10));
+                .with_request_timeout(Duration::from_secs(10))
+                .redacting(&redactor);
             bots.insert(bot.name.clone(), api);
         }
         let mut action_names: Vec<String> = actions.keys().cloned().collect();
         action_names.sort();
         let replier = Replier::new(bots, options.reply_interval);
         let ops = Operations::new(store, options.id.clone(), clock);
-        let calls = Calls::new(ops.clone(), options.backoff, options.lease_margin);
+        let calls =
+            Calls::new(ops.clone(), options.backoff, options.lease_margin).redacting(redactor);
         Ok(Worker {
             inner: Arc::new(Inner {
                 ops,

@@ -38,6 +38,9 @@ pub(crate) enum Behaviour {
     CreateThenFail(u16),
     /// Hangs without doing anything.
     Hang(Duration),
+    /// Answers this status with this JSON body, byte for byte, without creating anything (an
+    /// answer the test writes itself, e.g. one a backend cannot store).
+    Answer { status: u16, body: String },
 }
 
 /// How the lookup endpoint answers.
@@ -248,6 +251,12 @@ async fn create(
         Behaviour::CreateThenFail(status) => (
             StatusCode::from_u16(status).expect("a valid status"),
             "oops",
+        )
+            .into_response(),
+        Behaviour::Answer { status, body } => (
+            StatusCode::from_u16(status).expect("a valid status"),
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
         )
             .into_response(),
     }

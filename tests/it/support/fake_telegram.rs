@@ -38,6 +38,9 @@ pub(crate) enum FakeMode {
     Conflict,
     /// Every method answers 401, as after the token was revoked.
     Unauthorized,
+    /// Every method answers 404 with the request's path (which holds the token) in its
+    /// description, as some proxies in front of the Bot API do.
+    NotFoundEchoingPath,
 }
 
 /// The webhook as the fake stores it after `setWebhook`.
@@ -90,6 +93,8 @@ struct FakeState {
     last_message_id: i64,
     /// `retry_after` seconds for the next `sendMessage` calls, answered with 429.
     send_message_retry_after: VecDeque<u64>,
+    /// Errors (status, description) for the next `sendMessage` calls, after the 429s.
+    send_message_errors: VecDeque<(StatusCode, String)>,
 }
 
 impl FakeTelegram {
@@ -183,6 +188,15 @@ impl FakeTelegram {
             .push_back(seconds);
     }
 
+    /// Makes the next `sendMessage` (after any already scripted) answer `status` with
+    /// `description`, without sending anything.
+    pub(crate) fn script_send_message_error(&self, status: StatusCode, description: &str) {
+        self.shared
+            .lock()
+            .send_message_errors
+            .push_back((status, description.to_owned()));
+    }
+
     /// Installs the hook every `getUpdates` with an offset waits for (see [`OffsetHook`]).
     pub(crate) fn on_offset(&self, hook: OffsetHook) {
         *self
@@ -259,6 +273,10 @@ async fn handle(
         state.calls.push((method.clone(), body.clone()));
         if state.mode == FakeMode::Unauthorized {
             return error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
+        }
+        if state.mode == FakeMode::NotFoundEchoingPath {
+            let description = format!("Not Found: POST /{bot}/{method} is not served here");
+            return error(StatusCode::NOT_FOUND, &description, None);
         }
     }
     match method.to_ascii_lowercase().as_str() {
@@ -461,6 +479,9 @@ fn send_message(shared: &Shared, body: &Value) -> Response {
             &format!("Too Many Requests: retry after {seconds}"),
             Some(json!({"retry_after": seconds})),
         );
+    }
+    if let Some((status, description)) = state.send_message_errors.pop_front() {
+        return error(status, &description, None);
     }
     state.last_message_id += 1;
     let now = SystemTime::now()

@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::support::app::Ledger;
+use crate::support::fake_service::FakeService;
+use crate::support::fake_telegram::FakeTelegram;
 use crate::support::opledger_bin;
 
 /// How long a condition may take before the test fails.
@@ -37,6 +40,31 @@ pub(crate) fn write_config(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write the configuration");
     path
+}
+
+/// Writes `opledger.toml` in `dir` for a `serve` on `ledger` with bot `shop` (on the fake Bot
+/// API `telegram`) and the coupon action calling `service` with the `[actions.effector]` keys
+/// `effector_keys`; returns its path.
+pub(crate) fn write_coupon_config(
+    dir: &Path,
+    ledger: &Ledger,
+    telegram: &FakeTelegram,
+    service: &FakeService,
+    effector_keys: &str,
+) -> String {
+    let text = format!(
+        "[storage]\nurl = \"{ledger}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+         [[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_TOKEN\"\n\
+         webhook_secret_env = \"SHOP_SECRET\"\napi_base_url = \"{api}\"\n\
+         [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
+         params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n\
+         [actions.effector]\nurl = \"{effector}\"\n{effector_keys}",
+        ledger = ledger.url(),
+        api = telegram.base_url(),
+        effector = service.url(),
+    );
+    let path = write_config(dir, "opledger.toml", &text);
+    path.to_str().expect("a UTF-8 path").to_owned()
 }
 
 /// A running `opledger serve` whose stdout and stderr are captured as they come.

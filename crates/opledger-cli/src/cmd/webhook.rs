@@ -59,7 +59,7 @@ impl Webhook {
                     max_connections: Some(u32::from(bot.max_connections)),
                     drop_pending_updates,
                 };
-                api(bot)?
+                api(config, bot)?
                     .set_webhook(&request)
                     .await
                     .context("setWebhook failed")?;
@@ -82,7 +82,7 @@ impl Webhook {
             }
             Webhook::Info { bot } => {
                 let bot = find(config, &bot)?;
-                let info = api(bot)?
+                let info = api(config, bot)?
                     .get_webhook_info()
                     .await
                     .context("getWebhookInfo failed")?;
@@ -135,10 +135,10 @@ fn find<'a>(config: &'a Config, name: &str) -> anyhow::Result<&'a BotConfig> {
     })
 }
 
-fn api(bot: &BotConfig) -> anyhow::Result<BotApi> {
-    Ok(BotApi::new(
-        &bot.api_base_url,
-        bot.token.clone(),
-        BotApi::http_client()?,
-    )?)
+/// The bot's client, scrubbing every configured secret from what Telegram answers (ADR 0011).
+fn api(config: &Config, bot: &BotConfig) -> anyhow::Result<BotApi> {
+    Ok(
+        BotApi::new(&bot.api_base_url, bot.token.clone(), BotApi::http_client()?)?
+            .redacting(&config.redactor()),
+    )
 }

@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 
 use crate::api::auth::Caller;
 use crate::api::error::ApiError;
-use crate::api::submit::{client_and_bot, refused};
+use crate::api::submit::{client_and_bot, kept, refused};
 use crate::app::AppState;
 
 /// How long a button stays valid when the request does not say.
@@ -96,7 +96,7 @@ pub(crate) async fn issue(
             &request.action,
             request.user_id,
             request.chat_id,
-            request.params,
+            kept(request.params),
             expires_at,
         )
         .await

@@ -20,6 +20,7 @@ use crate::api::error::ApiError;
 use crate::api::operations::{self, OperationView};
 use crate::app::AppState;
 use crate::intake::{IntakeError, IntakeRejection, Started, Submission};
+use opledger_domain::text::storable_string;
 use opledger_ledger::UnitError;
 
 /// What a handler asks for.
@@ -85,7 +86,7 @@ pub(crate) async fn submit(
         client,
         bot,
         action: request.action,
-        params: request.params,
+        params: kept(request.params),
         chat_id: request.chat_id,
         user_id: request.user_id,
         update_id: request.update_id,
@@ -131,6 +132,14 @@ pub(crate) fn client_and_bot(
             "name the `bot` it is for (a client's token implies it)".to_owned(),
         )),
     }
+}
+
+/// Parameters as both backends can store them (ADR 0010): they are text from outside.
+pub(crate) fn kept(params: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    params
+        .into_iter()
+        .map(|(name, value)| (storable_string(name), storable_string(value)))
+        .collect()
 }
 
 /// What a refused request answers.
