@@ -66,26 +66,13 @@ impl Calls {
         let effector_time = action.effector.timeout().saturating_mul(2);
         let lease =
             TimeDelta::from_std(effector_time + self.lease_margin).unwrap_or(TimeDelta::MAX);
-        let claim = OperationCommand::Claim {
-            worker: worker.clone(),
-            lease_until: now + lease,
-        };
-        let sent = OperationCommand::RecordCallSent { worker };
-        // A crash between the claim and the request is resolved without a person when the
-        // effector honours the key or has a lookup, so then the claim and the call's record are
-        // one commit. Otherwise the claim is committed alone first: a worker that dies before
-        // the call is recorded leaves a claim another worker takes over when its lease runs
-        // out, rather than an unknown outcome for a person.
         let together = action.effector.resolves_unknown_outcomes();
-        let first = if together {
-            vec![claim, sent.clone()]
-        } else {
-            vec![claim]
-        };
+        let first = claim_commands(&worker, now + lease, together);
         if self.claim(&mut handle, &first, carry).await? == Applied::Declined {
             return Ok(None);
         }
         if !together {
+            let sent = OperationCommand::RecordCallSent { worker };
             opledger_ledger::failpoint::crash("worker-after-claimed");
             // Decided again after a lost race only while the claim is still the one taken.
             let ours = handle.state().claim.clone();
@@ -102,19 +89,9 @@ impl Calls {
         let outcome = action.effector.call(&request).await;
         opledger_ledger::failpoint::crash("worker-after-response");
         let now = self.ops.now();
-        let command = match outcome {
-            CallOutcome::Succeeded(success) => confirm(success, ConfirmedVia::Response),
-            CallOutcome::Rejected { reason } => OperationCommand::Fail { reason },
-            CallOutcome::NotDone {
-                reason,
-                retry_after,
-            } => OperationCommand::ScheduleRetry {
-                at: now + self.delay(&handle, retry_after),
-                reason,
-                // Nothing left: a retry cannot repeat an effect.
-                same_key: true,
-            },
-            CallOutcome::Unknown { reason } => self.unknown_command(action, &handle, reason).await,
+        let command = match answered(outcome, |after| now + self.delay(&handle, after)) {
+            Ok(command) => command,
+            Err(unknown) => self.unknown_command(action, &handle, unknown).await,
         };
         Ok(Some(Pending { handle, command }))
     }
@@ -236,33 +213,16 @@ impl Calls {
         reason: String,
     ) -> OperationCommand {
         let effector = &action.effector;
-        if effector.honours_idempotency_key() {
-            return OperationCommand::ScheduleRetry {
-                at: self.ops.now() + self.delay(handle, None),
-                reason: format!(
-                    "{reason}; retrying with the same idempotency key, which the service honours"
-                ),
-                same_key: true,
-            };
-        }
-        let request = effect_request(handle);
-        match effector.lookup(&request).await {
-            LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
-            LookupOutcome::Absent => OperationCommand::ScheduleRetry {
-                at: self.ops.now() + self.delay(handle, None),
-                reason: format!("{reason}; the lookup found nothing under the operation id"),
-                same_key: true,
-            },
-            LookupOutcome::Failed { reason: lookup } => OperationCommand::MarkForReconciliation {
-                reason: format!("{reason}; the lookup failed too ({lookup})"),
-            },
-            LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
-                reason: format!(
-                    "{reason}; the service does not honour the idempotency key and has no \
-                     lookup, so a person must check"
-                ),
-            },
-        }
+        let resolution = if effector.honours_idempotency_key() {
+            Resolution::KeyHonoured
+        } else {
+            Resolution::Lookup(effector.lookup(&effect_request(handle)).await)
+        };
+        unknown_outcome(
+            reason,
+            resolution,
+            self.ops.now() + self.delay(handle, None),
+        )
     }
 
     fn delay(&self, handle: &Handle, retry_after: Option<Duration>) -> TimeDelta {
@@ -275,16 +235,120 @@ impl Calls {
     }
 }
 
+/// The commands of a call step's first commit for `worker`: the claim, with the call's record
+/// when the effector resolves unknown outcomes itself (`together`: it honours the key or has a
+/// lookup).
+///
+/// A crash between the claim and the request is then resolved without a person, so the claim
+/// and the call's record are one commit. Otherwise the claim is committed alone first (the
+/// call's record follows as a commit of its own): a worker that dies before the call is
+/// recorded leaves a claim another worker takes over when its lease runs out, rather than an
+/// unknown outcome for a person.
+pub fn claim_commands(
+    worker: &str,
+    lease_until: DateTime<Utc>,
+    together: bool,
+) -> Vec<OperationCommand> {
+    let claim = OperationCommand::Claim {
+        worker: worker.to_owned(),
+        lease_until,
+    };
+    if together {
+        let sent = OperationCommand::RecordCallSent {
+            worker: worker.to_owned(),
+        };
+        vec![claim, sent]
+    } else {
+        vec![claim]
+    }
+}
+
+/// What the worker records for the effector's answer to a call; `retry_at` says when a call
+/// that was not done is tried again, given the service's `Retry-After`. An unknown outcome is
+/// `Err` with its reason: what becomes of it is [`unknown_outcome`]'s to say.
+pub fn answered(
+    outcome: CallOutcome,
+    retry_at: impl FnOnce(Option<Duration>) -> DateTime<Utc>,
+) -> Result<OperationCommand, String> {
+    Ok(match outcome {
+        CallOutcome::Succeeded(success) => confirm(success, ConfirmedVia::Response),
+        CallOutcome::Rejected { reason } => OperationCommand::Fail { reason },
+        CallOutcome::NotDone {
+            reason,
+            retry_after,
+        } => OperationCommand::ScheduleRetry {
+            at: retry_at(retry_after),
+            reason,
+            // Nothing left: a retry cannot repeat an effect.
+            same_key: true,
+        },
+        CallOutcome::Unknown { reason } => return Err(reason),
+    })
+}
+
+/// How an unknown outcome can be settled without a blind repeat.
+#[derive(Debug)]
+pub enum Resolution {
+    /// The service honours the idempotency key: the call is repeated with it.
+    KeyHonoured,
+    /// It does not; the service's lookup answered this.
+    Lookup(LookupOutcome),
+}
+
+/// What the worker records after a call whose outcome is unknown (`reason`): a retry (at
+/// `retry_at`) only with a key the service honours or after a lookup that found nothing, the
+/// effect when the lookup found it, else a person's reconciliation. Never a blind repeat.
+pub fn unknown_outcome(
+    reason: String,
+    resolution: Resolution,
+    retry_at: DateTime<Utc>,
+) -> OperationCommand {
+    let lookup = match resolution {
+        Resolution::KeyHonoured => {
+            return OperationCommand::ScheduleRetry {
+                at: retry_at,
+                reason: format!(
+                    "{reason}; retrying with the same idempotency key, which the service honours"
+                ),
+                same_key: true,
+            };
+        }
+        Resolution::Lookup(lookup) => lookup,
+    };
+    match lookup {
+        LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
+        LookupOutcome::Absent => OperationCommand::ScheduleRetry {
+            at: retry_at,
+            reason: format!("{reason}; the lookup found nothing under the operation id"),
+            same_key: true,
+        },
+        LookupOutcome::Failed { reason: lookup } => OperationCommand::MarkForReconciliation {
+            reason: format!("{reason}; the lookup failed too ({lookup})"),
+        },
+        LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
+            reason: format!(
+                "{reason}; the service does not honour the idempotency key and has no \
+                 lookup, so a person must check"
+            ),
+        },
+    }
+}
+
 /// One decision over two streams: a call's outcome on the operation it was made for, and the
-/// next operation's claim.
-struct OutcomeWithClaim<'a> {
-    done: &'a StreamId,
-    outcome: &'a OperationCommand,
-    done_metadata: EventMetadata,
-    next: &'a StreamId,
-    claim: &'a [OperationCommand],
-    next_metadata: EventMetadata,
-    now: DateTime<Utc>,
+/// next operation's claim (ADR 0007).
+#[derive(Debug)]
+pub struct OutcomeWithClaim<'a> {
+    /// The operation the call was made for.
+    pub done: &'a StreamId,
+    /// What the worker records of the call.
+    pub outcome: &'a OperationCommand,
+    pub done_metadata: EventMetadata,
+    /// The operation claimed next.
+    pub next: &'a StreamId,
+    /// The claim's commands ([`claim_commands`]).
+    pub claim: &'a [OperationCommand],
+    pub next_metadata: EventMetadata,
+    pub now: DateTime<Utc>,
 }
 
 impl OutcomeWithClaim<'_> {
@@ -292,7 +356,7 @@ impl OutcomeWithClaim<'_> {
     /// and the claim if the domain accepts it. Returns the outcome's refusal, if any, and the
     /// next operation's view after its claim (`None`: the claim is lost, nothing is staged for
     /// it, the outcome still is).
-    fn decide(
+    pub fn decide(
         &self,
         snapshot: &Snapshot,
         changes: &mut Changes,
