@@ -427,6 +427,8 @@ fn confirm(success: Success, via: ConfirmedVia) -> OperationCommand {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use opledger_domain::operation::OperationEvent;
     use opledger_ledger::{ManualClock, StreamState};
     use opledger_store::{AnyOptions, AnyStore, EventStore, ExpectedVersion};
@@ -461,6 +463,89 @@ mod tests {
         let mut changes = Changes::default();
         let (refused, claimed) = decision.decide(&snapshot, &mut changes).unwrap();
         (refused, claimed, changes)
+    }
+
+    fn found() -> Success {
+        Success {
+            external_id: Some("x-1".to_owned()),
+            result: BTreeMap::new(),
+            response_digest: None,
+        }
+    }
+
+    #[test]
+    fn the_claim_carries_the_call_s_record_only_when_unknown_outcomes_resolve_themselves() {
+        let lease = now() + TimeDelta::minutes(1);
+        let sent = OperationCommand::RecordCallSent {
+            worker: "w1".to_owned(),
+        };
+        assert_eq!(claim_commands("w1", lease, true), vec![claim(), sent]);
+        assert_eq!(claim_commands("w1", lease, false), vec![claim()]);
+    }
+
+    #[test]
+    fn a_call_s_answer_is_recorded_as_what_it_says_and_an_unknown_one_is_left_to_the_path() {
+        let at = now() + TimeDelta::seconds(7);
+        let asked = Some(Duration::from_secs(3));
+        let not_done = CallOutcome::NotDone {
+            reason: "HTTP 503".to_owned(),
+            retry_after: asked,
+        };
+        let retry = answered(not_done, |after| {
+            assert_eq!(after, asked, "the service's wait is the caller's to honour");
+            at
+        });
+        let expected = OperationCommand::ScheduleRetry {
+            at,
+            reason: "HTTP 503".to_owned(),
+            same_key: true,
+        };
+        assert_eq!(retry, Ok(expected));
+        let rejected = CallOutcome::Rejected {
+            reason: "HTTP 422".to_owned(),
+        };
+        let fail = OperationCommand::Fail {
+            reason: "HTTP 422".to_owned(),
+        };
+        assert_eq!(answered(rejected, |_| at), Ok(fail));
+        let confirmed = answered(CallOutcome::Succeeded(found()), |_| at);
+        assert_eq!(confirmed, Ok(confirm_via(ConfirmedVia::Response)));
+        let unknown = CallOutcome::Unknown {
+            reason: "timed out".to_owned(),
+        };
+        assert_eq!(answered(unknown, |_| at), Err("timed out".to_owned()));
+    }
+
+    fn confirm_via(via: ConfirmedVia) -> OperationCommand {
+        OperationCommand::Confirm(Confirmed {
+            external_id: Some("x-1".to_owned()),
+            result: BTreeMap::new(),
+            response_digest: None,
+            via,
+        })
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_retried_only_with_an_honoured_key_or_after_a_lookup_found_nothing() {
+        let at = now() + TimeDelta::seconds(5);
+        let decide = |resolution| unknown_outcome("timed out".to_owned(), resolution, at);
+        let retried = |command: &OperationCommand| matches!(command, OperationCommand::ScheduleRetry { at: a, same_key: true, .. } if *a == at);
+        assert!(retried(&decide(Resolution::KeyHonoured)));
+        assert!(retried(&decide(Resolution::Lookup(LookupOutcome::Absent))));
+        assert_eq!(
+            decide(Resolution::Lookup(LookupOutcome::Found(found()))),
+            confirm_via(ConfirmedVia::Lookup)
+        );
+        let failed = LookupOutcome::Failed {
+            reason: "HTTP 503".to_owned(),
+        };
+        for lookup in [failed, LookupOutcome::Unsupported] {
+            let command = decide(Resolution::Lookup(lookup));
+            assert!(
+                matches!(command, OperationCommand::MarkForReconciliation { ref reason } if reason.starts_with("timed out; ")),
+                "{command:?}"
+            );
+        }
     }
 
     #[test]

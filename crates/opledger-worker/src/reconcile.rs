@@ -319,6 +319,45 @@ mod tests {
     }
 
     #[test]
+    fn a_resolution_is_staged_only_on_the_operation_waiting_for_it() {
+        use opledger_domain::operation::{MarkedForReconciliation, OperationEvent};
+        use opledger_ledger::StreamState;
+        use opledger_store::ExpectedVersion;
+
+        use crate::handle::tests::{called, now, received, stream};
+
+        let view_of = |events: &[OperationEvent]| events.iter().fold(View::default(), View::apply);
+        let mut events = called("a", "w1");
+        let id = received("a").operation_id.to_string();
+        let retry = decision(ReconcileOutcome::Retry, None);
+        let mut changes = Changes::default();
+        let stage = |changes: &mut Changes, view: &View, id: &str| {
+            stage_resolution(changes, &stream("a"), view, id, &retry, now())
+        };
+        let not_waiting = stage(&mut changes, &view_of(&events), &id);
+        assert_eq!(not_waiting, Err(Refusal::NotWaiting(Status::CallSent)));
+        let marked = MarkedForReconciliation {
+            reason: "unknown".to_owned(),
+            attempt: 1,
+        };
+        events.push(marked.into());
+        let stale = stage(&mut changes, &view_of(&events), "another-operation");
+        assert_eq!(stale, Err(Refusal::Stale));
+        assert!(changes.is_empty());
+
+        let status = stage(&mut changes, &view_of(&events), &id);
+        assert_eq!(status, Ok(Status::RetryScheduled));
+        let (expected, staged) = changes.staged::<OperationEvent>(&stream("a")).unwrap();
+        assert_eq!(expected, ExpectedVersion::Exact(4));
+        assert_eq!(staged, vec![OperationEvent::Reconciled(retry.clone())]);
+        let metadata = changes.requests()[0].events[0].metadata.get();
+        assert!(
+            metadata.contains("alice"),
+            "caused by the operator: {metadata}"
+        );
+    }
+
+    #[test]
     fn a_decision_names_its_operator_and_reason() {
         assert!(check(&decision(ReconcileOutcome::Succeeded, Some("crm-1"))).is_ok());
         assert!(check(&decision(ReconcileOutcome::Retry, None)).is_ok());

@@ -211,3 +211,53 @@ fn field(result: &std::collections::BTreeMap<String, Value>, path: &str) -> Opti
         other => Some(other.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::tests::now;
+
+    fn failed(retry_at: Option<DateTime<Utc>>, reason: String) -> OperationCommand {
+        OperationCommand::RecordReplyFailed { reason, retry_at }
+    }
+
+    #[test]
+    fn a_reply_s_answer_is_recorded_and_only_a_certain_refusal_is_tried_again() {
+        let first = Operation::default();
+        let sent = OperationCommand::RecordReplySent {
+            message_id: Some(42),
+        };
+        assert_eq!(reply_outcome(Ok(42), &first, now()), sent);
+
+        let flood = BotApiError::RetryAfter {
+            method: "sendMessage",
+            seconds: 9,
+        };
+        let waited = failed(
+            Some(now() + TimeDelta::seconds(9)),
+            "telegram's flood control asked to wait 9 s".to_owned(),
+        );
+        assert_eq!(reply_outcome(Err(flood), &first, now()), waited);
+
+        let unreachable = || BotApiError::Unreachable {
+            method: "sendMessage",
+        };
+        let reason = unreachable().to_string();
+        let again = failed(Some(now() + TimeDelta::seconds(1)), reason.clone());
+        assert_eq!(reply_outcome(Err(unreachable()), &first, now()), again);
+        let last = Operation {
+            reply_attempts: MAX_REPLY_ATTEMPTS,
+            ..Operation::default()
+        };
+        let given_up = failed(None, reason);
+        assert_eq!(reply_outcome(Err(unreachable()), &last, now()), given_up);
+
+        let timeout = BotApiError::Timeout {
+            method: "sendMessage",
+        };
+        let unknown = OperationCommand::RecordReplyUnknown {
+            reason: timeout.to_string(),
+        };
+        assert_eq!(reply_outcome(Err(timeout), &first, now()), unknown);
+    }
+}
