@@ -63,11 +63,9 @@ impl Calls {
     ) -> Result<Option<Pending>, StepError> {
         let now = self.ops.now();
         let worker = self.ops.worker().to_owned();
-        let effector_time = action.effector.timeout().saturating_mul(2);
-        let lease =
-            TimeDelta::from_std(effector_time + self.lease_margin).unwrap_or(TimeDelta::MAX);
-        let together = action.effector.resolves_unknown_outcomes();
-        let first = claim_commands(&worker, now + lease, together);
+        let effector = action.effector.as_ref();
+        let first = claim_commands(effector, &worker, now, self.lease_margin);
+        let together = effector.resolves_unknown_outcomes();
         if self.claim(&mut handle, &first, carry).await? == Applied::Declined {
             return Ok(None);
         }
@@ -235,9 +233,9 @@ impl Calls {
     }
 }
 
-/// The commands of a call step's first commit for `worker`: the claim, with the call's record
-/// when the effector resolves unknown outcomes itself (`together`: it honours the key or has a
-/// lookup).
+/// The commands of a call step's first commit for `worker` at `now`: the claim, leased for
+/// twice the effector's time plus `lease_margin`, with the call's record when the effector
+/// resolves unknown outcomes itself (it honours the key or has a lookup).
 ///
 /// A crash between the claim and the request is then resolved without a person, so the claim
 /// and the call's record are one commit. Otherwise the claim is committed alone first (the
@@ -245,15 +243,18 @@ impl Calls {
 /// recorded leaves a claim another worker takes over when its lease runs out, rather than an
 /// unknown outcome for a person.
 pub fn claim_commands(
+    effector: &dyn Effector,
     worker: &str,
-    lease_until: DateTime<Utc>,
-    together: bool,
+    now: DateTime<Utc>,
+    lease_margin: Duration,
 ) -> Vec<OperationCommand> {
+    let effector_time = effector.timeout().saturating_mul(2);
+    let lease = TimeDelta::from_std(effector_time + lease_margin).unwrap_or(TimeDelta::MAX);
     let claim = OperationCommand::Claim {
         worker: worker.to_owned(),
-        lease_until,
+        lease_until: now + lease,
     };
-    if together {
+    if effector.resolves_unknown_outcomes() {
         let sent = OperationCommand::RecordCallSent {
             worker: worker.to_owned(),
         };
@@ -473,14 +474,37 @@ mod tests {
         }
     }
 
+    /// An effector that takes 25 s at most and honours the key or not.
+    #[derive(Debug)]
+    struct Slow(bool);
+
+    impl Effector for Slow {
+        fn call<'a>(
+            &'a self,
+            _: &'a EffectRequest,
+        ) -> futures_util::future::BoxFuture<'a, CallOutcome> {
+            Box::pin(async { CallOutcome::Succeeded(found()) })
+        }
+
+        fn honours_idempotency_key(&self) -> bool {
+            self.0
+        }
+
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(25)
+        }
+    }
+
     #[test]
     fn the_claim_carries_the_call_s_record_only_when_unknown_outcomes_resolve_themselves() {
-        let lease = now() + TimeDelta::minutes(1);
+        // Leased for twice the effector's time plus the margin: a minute.
+        let margin = Duration::from_secs(10);
+        let claimed = |effector: &Slow| claim_commands(effector, "w1", now(), margin);
         let sent = OperationCommand::RecordCallSent {
             worker: "w1".to_owned(),
         };
-        assert_eq!(claim_commands("w1", lease, true), vec![claim(), sent]);
-        assert_eq!(claim_commands("w1", lease, false), vec![claim()]);
+        assert_eq!(claimed(&Slow(true)), vec![claim(), sent]);
+        assert_eq!(claimed(&Slow(false)), vec![claim()]);
     }
 
     #[test]

@@ -48,7 +48,7 @@ use opledger_server::intake::decision::{self as intake, Arrival, Decided, Rules}
 use opledger_store::{AnyStore, AppendRequest, EventStore, StreamId};
 use opledger_telegram::{BotApiError, parse_update};
 use opledger_worker::decision::{self as worker, OutcomeWithClaim, Resolution, View};
-use opledger_worker::{Backoff, CallOutcome, LookupOutcome, Success, WorkerOptions};
+use opledger_worker::{CallOutcome, Effector, HttpEffector, LookupOutcome, Success, WorkerOptions};
 
 /// The service the generator's events are decided for: two bots, an action whose service
 /// honours the idempotency key (`coupon`), one whose service has neither that nor a lookup
@@ -167,15 +167,6 @@ impl Action {
     }
 }
 
-/// How the worker runs an action: from its effector's configuration.
-#[derive(Clone, Copy, Debug)]
-struct Effector {
-    honours_key: bool,
-    has_lookup: bool,
-    /// The claim's lease: twice the call's time plus the worker's default margin.
-    lease: TimeDelta,
-}
-
 /// One operation as the simulated worker holds it between commits.
 struct Op {
     stream: StreamId,
@@ -257,8 +248,9 @@ type Unit = Vec<AppendRequest>;
 struct Sim {
     rng: Rng,
     rules: Rules,
-    effectors: HashMap<String, Effector>,
-    backoff: Backoff,
+    /// Each action's effector, as the worker builds it; only asked what it does, never called.
+    effectors: HashMap<String, HttpEffector>,
+    worker: WorkerOptions,
     start: DateTime<Utc>,
     tick: u64,
     remaining: u64,
@@ -298,19 +290,13 @@ impl Sim {
             })
         })
         .expect("the generator's configuration parses");
-        let margin = TimeDelta::from_std(WorkerOptions::new("generator").lease_margin)
-            .expect("a short margin");
+        let http = reqwest::Client::new();
         let effectors = config
             .actions
             .iter()
             .map(|action| {
                 let effector = action.effector.as_ref().expect("every action calls out");
-                let lease = TimeDelta::from_std(effector.timeout * 2).expect("a short timeout");
-                let effector = Effector {
-                    honours_key: effector.honours_idempotency_key,
-                    has_lookup: effector.lookup_url.is_some(),
-                    lease: lease + margin,
-                };
+                let effector = HttpEffector::new(http.clone(), effector, Vec::new());
                 (action.name.clone(), effector)
             })
             .collect();
@@ -318,7 +304,7 @@ impl Sim {
             rng: Rng(options.seed),
             rules: Rules::new(&config),
             effectors,
-            backoff: Backoff::default(),
+            worker: WorkerOptions::new("generator"),
             start: DateTime::parse_from_rfc3339("2026-01-05T09:00:00Z")
                 .expect("a valid time")
                 .with_timezone(&Utc),
@@ -673,9 +659,10 @@ impl Sim {
     fn claim(&mut self, op: usize) {
         let worker = self.rng.pick(&WORKERS);
         self.ops[op].worker = worker;
-        let effector = self.effectors[self.ops[op].received().action.as_str()];
-        let together = effector.honours_key || effector.has_lookup;
-        let commands = worker::claim_commands(worker, self.now() + effector.lease, together);
+        let effector = &self.effectors[self.ops[op].received().action.as_str()];
+        let together = effector.resolves_unknown_outcomes();
+        let margin = self.worker.lease_margin;
+        let commands = worker::claim_commands(effector, worker, self.now(), margin);
         let claimed = match self.pending.remove(worker) {
             Some(pending) => self.claim_carrying(pending, op, &commands),
             None => self.commit(op, &commands),
@@ -803,16 +790,16 @@ impl Sim {
         let operation_id = self.ops[op].received().operation_id.to_string();
         let claims = view.state.claims;
         let retry_at = |asked: Option<Duration>| {
-            let delay = self.backoff.delay(&operation_id, claims, asked);
+            let delay = self.worker.backoff.delay(&operation_id, claims, asked);
             now + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX)
         };
         let command = match worker::answered(answer, retry_at) {
             Ok(command) => command,
             Err(reason) => {
-                let effector = self.effectors[self.ops[op].received().action.as_str()];
-                let resolution = if effector.honours_key {
+                let effector = &self.effectors[self.ops[op].received().action.as_str()];
+                let resolution = if effector.honours_idempotency_key() {
                     Resolution::KeyHonoured
-                } else if effector.has_lookup {
+                } else if effector.has_lookup() {
                     Resolution::Lookup(match self.rng.next() % 20 {
                         0..=7 => LookupOutcome::Found(action.success(n)),
                         8..=17 => LookupOutcome::Failed {
