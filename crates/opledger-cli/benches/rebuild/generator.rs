@@ -118,52 +118,33 @@ impl Rng {
     }
 }
 
-/// An action of [`CONFIG`], as its users ask for it and its service answers.
-#[derive(Clone, Copy, Debug)]
-enum Action {
-    Coupon,
-    /// Asking again with another reason is a key conflict.
-    Refund,
-    Book,
-}
-
-impl Action {
-    fn of(name: &str) -> Self {
-        match name {
-            "coupon" => Action::Coupon,
-            "refund" => Action::Refund,
-            _ => Action::Book,
-        }
-    }
-
-    /// What the service answers on success: the fields a reply uses.
-    fn success(self, n: u64) -> Success {
-        let (id, fields) = match self {
-            Action::Coupon => (
-                format!("cpn_{n}"),
-                serde_json::json!({ "code": format!("SAVE-{:06X}", n % 0xff_ffff) }),
-            ),
-            Action::Refund => (
-                format!("re_{n:08}"),
-                serde_json::json!({ "amount": format!("{}.{:02}", 5 + n % 200, n % 100), "currency": "EUR" }),
-            ),
-            Action::Book => (
-                format!("bk-{n}"),
-                serde_json::json!({ "seat": format!("{}{}", (b'A' + (n % 12) as u8) as char, 1 + n % 30) }),
-            ),
-        };
-        let result = fields
-            .as_object()
-            .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
-        Success {
-            response_digest: Some(fingerprint(
-                "response",
-                &BTreeMap::from([("id".to_owned(), id.clone())]),
-            )),
-            external_id: Some(id),
-            result,
-        }
+/// What the service of `action` answers on success (the `n`th result): the fields a reply uses.
+fn success(action: &str, n: u64) -> Success {
+    let (id, fields) = match action {
+        "coupon" => (
+            format!("cpn_{n}"),
+            serde_json::json!({ "code": format!("SAVE-{:06X}", n % 0xff_ffff) }),
+        ),
+        "refund" => (
+            format!("re_{n:08}"),
+            serde_json::json!({ "amount": format!("{}.{:02}", 5 + n % 200, n % 100), "currency": "EUR" }),
+        ),
+        _ => (
+            format!("bk-{n}"),
+            serde_json::json!({ "seat": format!("{}{}", (b'A' + (n % 12) as u8) as char, 1 + n % 30) }),
+        ),
+    };
+    let result = fields
+        .as_object()
+        .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    Success {
+        response_digest: Some(fingerprint(
+            "response",
+            &BTreeMap::from([("id".to_owned(), id.clone())]),
+        )),
+        external_id: Some(id),
+        result,
     }
 }
 
@@ -171,7 +152,6 @@ impl Action {
 struct Op {
     stream: StreamId,
     view: View,
-    action: Action,
     /// The worker holding the current claim.
     worker: &'static str,
 }
@@ -545,12 +525,10 @@ impl Sim {
             (Some(op), _, Some(view)) => self.ops[op].view = view,
             (None, Some(stream), Some(view)) => {
                 let op = self.ops.len();
-                let action = Action::of(&view.received.as_ref().expect("received").action);
                 self.by_stream.insert(stream.clone(), op);
                 self.ops.push(Op {
                     stream,
                     view,
-                    action,
                     worker: WORKERS[0],
                 });
                 self.generated.operations += 1;
@@ -756,9 +734,9 @@ impl Sim {
         let roll = self.rng.next() % 1000;
         let n = self.next_result;
         self.next_result += 1;
-        let action = self.ops[op].action;
+        let action = self.ops[op].received().action.clone();
         let answer = match roll {
-            0..=839 => CallOutcome::Succeeded(action.success(n)),
+            0..=839 => CallOutcome::Succeeded(success(&action, n)),
             840..=869 => {
                 let busy = self.rng.chance(0.5);
                 CallOutcome::NotDone {
@@ -796,12 +774,12 @@ impl Sim {
         let command = match worker::answered(answer, retry_at) {
             Ok(command) => command,
             Err(reason) => {
-                let effector = &self.effectors[self.ops[op].received().action.as_str()];
+                let effector = &self.effectors[action.as_str()];
                 let resolution = if effector.honours_idempotency_key() {
                     Resolution::KeyHonoured
                 } else if effector.has_lookup() {
                     Resolution::Lookup(match self.rng.next() % 20 {
-                        0..=7 => LookupOutcome::Found(action.success(n)),
+                        0..=7 => LookupOutcome::Found(success(&action, n)),
                         8..=17 => LookupOutcome::Failed {
                             reason: "HTTP 503 from the lookup".to_owned(),
                         },
@@ -832,7 +810,7 @@ impl Sim {
         let decision = Reconciled {
             outcome,
             external_id: (outcome == ReconcileOutcome::Succeeded)
-                .then(|| self.ops[op].action.success(n).external_id)
+                .then(|| success(&self.ops[op].received().action, n).external_id)
                 .flatten(),
             operator: operator.to_owned(),
             note: match outcome {
