@@ -2,8 +2,9 @@
 //! ordered scan of the same events in the same run.
 //!
 //! For each backend and ledger size it writes a fresh ledger of exactly N events of realistic
-//! operation lifecycles (`rebuild/generator.rs`: domain-decided events appended through the
-//! store with the inline `operation_status`, as `opledger serve` keeps it), then measures, each
+//! operation lifecycles (`rebuild/generator.rs`: events decided by the intake's and the
+//! worker's own decisions, appended through the store with the inline `operation_status`, as
+//! `opledger serve` keeps it), then measures, each
 //! in a child process so that its peak RSS is its own:
 //!
 //! 1. a **raw ordered scan**: every event read in position order with `read_all` pages of the

@@ -274,6 +274,16 @@ impl Changes {
         &self.requests
     }
 
+    /// What is staged, in order, for a caller that commits many decisions in one bigger append
+    /// of its own (the rebuild benchmark's generator); or the first event that could not be
+    /// encoded. Everything else commits through [`UnitOfWork::run`].
+    pub fn into_requests(self) -> Result<Vec<AppendRequest>, serde_json::Error> {
+        match self.unencodable {
+            Some(error) => Err(error),
+            None => Ok(self.requests),
+        }
+    }
+
     /// The staged events of `stream` decoded as `E`, with the expected version they were staged
     /// at (a test's *then*).
     pub fn staged<E: DomainEvent>(&self, stream: &StreamId) -> Option<(ExpectedVersion, Vec<E>)> {

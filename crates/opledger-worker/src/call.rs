@@ -73,29 +73,14 @@ impl Calls {
     ) -> Result<Option<Pending>, StepError> {
         let now = self.ops.now();
         let worker = self.ops.worker().to_owned();
-        let effector_time = action.effector.timeout().saturating_mul(2);
-        let lease =
-            TimeDelta::from_std(effector_time + self.lease_margin).unwrap_or(TimeDelta::MAX);
-        let claim = OperationCommand::Claim {
-            worker: worker.clone(),
-            lease_until: now + lease,
-        };
-        let sent = OperationCommand::RecordCallSent { worker };
-        // A crash between the claim and the request is resolved without a person when the
-        // effector honours the key or has a lookup, so then the claim and the call's record are
-        // one commit. Otherwise the claim is committed alone first: a worker that dies before
-        // the call is recorded leaves a claim another worker takes over when its lease runs
-        // out, rather than an unknown outcome for a person.
-        let together = action.effector.resolves_unknown_outcomes();
-        let first = if together {
-            vec![claim, sent.clone()]
-        } else {
-            vec![claim]
-        };
+        let effector = action.effector.as_ref();
+        let first = claim_commands(effector, &worker, now, self.lease_margin);
+        let together = effector.resolves_unknown_outcomes();
         if self.claim(&mut handle, &first, carry).await? == Applied::Declined {
             return Ok(None);
         }
         if !together {
+            let sent = OperationCommand::RecordCallSent { worker };
             opledger_ledger::failpoint::crash("worker-after-claimed");
             // Decided again after a lost race only while the claim is still the one taken.
             let ours = handle.state().claim.clone();
@@ -114,19 +99,9 @@ impl Calls {
         let outcome = action.effector.call(&request).await.kept(&self.redactor);
         opledger_ledger::failpoint::crash("worker-after-response");
         let now = self.ops.now();
-        let command = match outcome {
-            CallOutcome::Succeeded(success) => confirm(success, ConfirmedVia::Response),
-            CallOutcome::Rejected { reason } => OperationCommand::Fail { reason },
-            CallOutcome::NotDone {
-                reason,
-                retry_after,
-            } => OperationCommand::ScheduleRetry {
-                at: now + self.delay(&handle, retry_after),
-                reason,
-                // Nothing left: a retry cannot repeat an effect.
-                same_key: true,
-            },
-            CallOutcome::Unknown { reason } => self.unknown_command(action, &handle, reason).await,
+        let command = match answered(outcome, |after| now + self.delay(&handle, after)) {
+            Ok(command) => command,
+            Err(unknown) => self.unknown_command(action, &handle, unknown).await,
         };
         Ok(Some(Pending { handle, command }))
     }
@@ -248,33 +223,21 @@ impl Calls {
         reason: String,
     ) -> OperationCommand {
         let effector = &action.effector;
-        if effector.honours_idempotency_key() {
-            return OperationCommand::ScheduleRetry {
-                at: self.ops.now() + self.delay(handle, None),
-                reason: format!(
-                    "{reason}; retrying with the same idempotency key, which the service honours"
-                ),
-                same_key: true,
-            };
-        }
-        let request = effect_request(handle);
-        match effector.lookup(&request).await.kept(&self.redactor) {
-            LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
-            LookupOutcome::Absent => OperationCommand::ScheduleRetry {
-                at: self.ops.now() + self.delay(handle, None),
-                reason: format!("{reason}; the lookup found nothing under the operation id"),
-                same_key: true,
-            },
-            LookupOutcome::Failed { reason: lookup } => OperationCommand::MarkForReconciliation {
-                reason: format!("{reason}; the lookup failed too ({lookup})"),
-            },
-            LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
-                reason: format!(
-                    "{reason}; the service does not honour the idempotency key and has no \
-                     lookup, so a person must check"
-                ),
-            },
-        }
+        let resolution = if effector.honours_idempotency_key() {
+            Resolution::KeyHonoured
+        } else {
+            Resolution::Lookup(
+                effector
+                    .lookup(&effect_request(handle))
+                    .await
+                    .kept(&self.redactor),
+            )
+        };
+        unknown_outcome(
+            reason,
+            resolution,
+            self.ops.now() + self.delay(handle, None),
+        )
     }
 
     fn delay(&self, handle: &Handle, retry_after: Option<Duration>) -> TimeDelta {
@@ -287,16 +250,123 @@ impl Calls {
     }
 }
 
-/// One decision over two streams: a call's outcome on the operation it was made for, and the
-/// next operation's claim.
-struct OutcomeWithClaim<'a> {
-    done: &'a StreamId,
-    outcome: &'a OperationCommand,
-    done_metadata: EventMetadata,
-    next: &'a StreamId,
-    claim: &'a [OperationCommand],
-    next_metadata: EventMetadata,
+/// The commands of a call step's first commit for `worker` at `now`: the claim, leased for
+/// twice the effector's time plus `lease_margin`, with the call's record when the effector
+/// resolves unknown outcomes itself (it honours the key or has a lookup).
+///
+/// A crash between the claim and the request is then resolved without a person, so the claim
+/// and the call's record are one commit. Otherwise the claim is committed alone first (the
+/// call's record follows as a commit of its own): a worker that dies before the call is
+/// recorded leaves a claim another worker takes over when its lease runs out, rather than an
+/// unknown outcome for a person.
+pub fn claim_commands(
+    effector: &dyn Effector,
+    worker: &str,
     now: DateTime<Utc>,
+    lease_margin: Duration,
+) -> Vec<OperationCommand> {
+    let effector_time = effector.timeout().saturating_mul(2);
+    let lease = TimeDelta::from_std(effector_time + lease_margin).unwrap_or(TimeDelta::MAX);
+    let claim = OperationCommand::Claim {
+        worker: worker.to_owned(),
+        lease_until: now + lease,
+    };
+    if effector.resolves_unknown_outcomes() {
+        let sent = OperationCommand::RecordCallSent {
+            worker: worker.to_owned(),
+        };
+        vec![claim, sent]
+    } else {
+        vec![claim]
+    }
+}
+
+/// What the worker records for the effector's answer to a call; `retry_at` says when a call
+/// that was not done is tried again, given the service's `Retry-After`. An unknown outcome is
+/// `Err` with its reason: what becomes of it is [`unknown_outcome`]'s to say.
+pub fn answered(
+    outcome: CallOutcome,
+    retry_at: impl FnOnce(Option<Duration>) -> DateTime<Utc>,
+) -> Result<OperationCommand, String> {
+    Ok(match outcome {
+        CallOutcome::Succeeded(success) => confirm(success, ConfirmedVia::Response),
+        CallOutcome::Rejected { reason } => OperationCommand::Fail { reason },
+        CallOutcome::NotDone {
+            reason,
+            retry_after,
+        } => OperationCommand::ScheduleRetry {
+            at: retry_at(retry_after),
+            reason,
+            // Nothing left: a retry cannot repeat an effect.
+            same_key: true,
+        },
+        CallOutcome::Unknown { reason } => return Err(reason),
+    })
+}
+
+/// How an unknown outcome can be settled without a blind repeat.
+#[derive(Debug)]
+pub enum Resolution {
+    /// The service honours the idempotency key: the call is repeated with it.
+    KeyHonoured,
+    /// It does not; the service's lookup answered this.
+    Lookup(LookupOutcome),
+}
+
+/// What the worker records after a call whose outcome is unknown (`reason`): a retry (at
+/// `retry_at`) only with a key the service honours or after a lookup that found nothing, the
+/// effect when the lookup found it, else a person's reconciliation. Never a blind repeat.
+pub fn unknown_outcome(
+    reason: String,
+    resolution: Resolution,
+    retry_at: DateTime<Utc>,
+) -> OperationCommand {
+    let lookup = match resolution {
+        Resolution::KeyHonoured => {
+            return OperationCommand::ScheduleRetry {
+                at: retry_at,
+                reason: format!(
+                    "{reason}; retrying with the same idempotency key, which the service honours"
+                ),
+                same_key: true,
+            };
+        }
+        Resolution::Lookup(lookup) => lookup,
+    };
+    match lookup {
+        LookupOutcome::Found(success) => confirm(success, ConfirmedVia::Lookup),
+        LookupOutcome::Absent => OperationCommand::ScheduleRetry {
+            at: retry_at,
+            reason: format!("{reason}; the lookup found nothing under the operation id"),
+            same_key: true,
+        },
+        LookupOutcome::Failed { reason: lookup } => OperationCommand::MarkForReconciliation {
+            reason: format!("{reason}; the lookup failed too ({lookup})"),
+        },
+        LookupOutcome::Unsupported => OperationCommand::MarkForReconciliation {
+            reason: format!(
+                "{reason}; the service does not honour the idempotency key and has no \
+                 lookup, so a person must check"
+            ),
+        },
+    }
+}
+
+/// One decision over two streams: a call's outcome on the operation it was made for, and the
+/// next operation's claim (ADR 0007).
+#[derive(Debug)]
+pub struct OutcomeWithClaim<'a> {
+    /// The operation the call was made for.
+    pub done: &'a StreamId,
+    /// What the worker records of the call.
+    pub outcome: &'a OperationCommand,
+    pub done_metadata: EventMetadata,
+    /// The operation claimed next.
+    pub next: &'a StreamId,
+    /// The claim's commands ([`claim_commands`]).
+    pub claim: &'a [OperationCommand],
+    pub next_metadata: EventMetadata,
+    pub now: DateTime<Utc>,
 }
 
 impl OutcomeWithClaim<'_> {
@@ -304,7 +374,7 @@ impl OutcomeWithClaim<'_> {
     /// and the claim if the domain accepts it. Returns the outcome's refusal, if any, and the
     /// next operation's view after its claim (`None`: the claim is lost, nothing is staged for
     /// it, the outcome still is).
-    fn decide(
+    pub fn decide(
         &self,
         snapshot: &Snapshot,
         changes: &mut Changes,
@@ -375,6 +445,8 @@ fn confirm(success: Success, via: ConfirmedVia) -> OperationCommand {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use opledger_domain::operation::OperationEvent;
     use opledger_ledger::{ManualClock, StreamState};
     use opledger_store::{AnyOptions, AnyStore, EventStore, ExpectedVersion};
@@ -409,6 +481,112 @@ mod tests {
         let mut changes = Changes::default();
         let (refused, claimed) = decision.decide(&snapshot, &mut changes).unwrap();
         (refused, claimed, changes)
+    }
+
+    fn found() -> Success {
+        Success {
+            external_id: Some("x-1".to_owned()),
+            result: BTreeMap::new(),
+            response_digest: None,
+        }
+    }
+
+    /// An effector that takes 25 s at most and honours the key or not.
+    #[derive(Debug)]
+    struct Slow(bool);
+
+    impl Effector for Slow {
+        fn call<'a>(
+            &'a self,
+            _: &'a EffectRequest,
+        ) -> futures_util::future::BoxFuture<'a, CallOutcome> {
+            Box::pin(async { CallOutcome::Succeeded(found()) })
+        }
+
+        fn honours_idempotency_key(&self) -> bool {
+            self.0
+        }
+
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(25)
+        }
+    }
+
+    #[test]
+    fn the_claim_carries_the_call_s_record_only_when_unknown_outcomes_resolve_themselves() {
+        // Leased for twice the effector's time plus the margin: a minute.
+        let margin = Duration::from_secs(10);
+        let claimed = |effector: &Slow| claim_commands(effector, "w1", now(), margin);
+        let sent = OperationCommand::RecordCallSent {
+            worker: "w1".to_owned(),
+        };
+        assert_eq!(claimed(&Slow(true)), vec![claim(), sent]);
+        assert_eq!(claimed(&Slow(false)), vec![claim()]);
+    }
+
+    #[test]
+    fn a_call_s_answer_is_recorded_as_what_it_says_and_an_unknown_one_is_left_to_the_path() {
+        let at = now() + TimeDelta::seconds(7);
+        let asked = Some(Duration::from_secs(3));
+        let not_done = CallOutcome::NotDone {
+            reason: "HTTP 503".to_owned(),
+            retry_after: asked,
+        };
+        let retry = answered(not_done, |after| {
+            assert_eq!(after, asked, "the service's wait is the caller's to honour");
+            at
+        });
+        let expected = OperationCommand::ScheduleRetry {
+            at,
+            reason: "HTTP 503".to_owned(),
+            same_key: true,
+        };
+        assert_eq!(retry, Ok(expected));
+        let rejected = CallOutcome::Rejected {
+            reason: "HTTP 422".to_owned(),
+        };
+        let fail = OperationCommand::Fail {
+            reason: "HTTP 422".to_owned(),
+        };
+        assert_eq!(answered(rejected, |_| at), Ok(fail));
+        let confirmed = answered(CallOutcome::Succeeded(found()), |_| at);
+        assert_eq!(confirmed, Ok(confirm_via(ConfirmedVia::Response)));
+        let unknown = CallOutcome::Unknown {
+            reason: "timed out".to_owned(),
+        };
+        assert_eq!(answered(unknown, |_| at), Err("timed out".to_owned()));
+    }
+
+    fn confirm_via(via: ConfirmedVia) -> OperationCommand {
+        OperationCommand::Confirm(Confirmed {
+            external_id: Some("x-1".to_owned()),
+            result: BTreeMap::new(),
+            response_digest: None,
+            via,
+        })
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_retried_only_with_an_honoured_key_or_after_a_lookup_found_nothing() {
+        let at = now() + TimeDelta::seconds(5);
+        let decide = |resolution| unknown_outcome("timed out".to_owned(), resolution, at);
+        let retried = |command: &OperationCommand| matches!(command, OperationCommand::ScheduleRetry { at: a, same_key: true, .. } if *a == at);
+        assert!(retried(&decide(Resolution::KeyHonoured)));
+        assert!(retried(&decide(Resolution::Lookup(LookupOutcome::Absent))));
+        assert_eq!(
+            decide(Resolution::Lookup(LookupOutcome::Found(found()))),
+            confirm_via(ConfirmedVia::Lookup)
+        );
+        let failed = LookupOutcome::Failed {
+            reason: "HTTP 503".to_owned(),
+        };
+        for lookup in [failed, LookupOutcome::Unsupported] {
+            let command = decide(Resolution::Lookup(lookup));
+            assert!(
+                matches!(command, OperationCommand::MarkForReconciliation { ref reason } if reason.starts_with("timed out; ")),
+                "{command:?}"
+            );
+        }
     }
 
     #[test]

@@ -23,13 +23,13 @@ use opledger_store::{AnyStore, StreamId, StreamVersion};
 /// What the worker folds from an operation's stream: more than the aggregate keeps, because the
 /// call needs the request and the reply needs how the operation ended.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct View {
+pub struct View {
     /// The operation's state, as the domain decides on it.
-    pub(crate) state: Operation,
+    pub state: Operation,
     /// The request that started the operation (`None` until the stream holds one).
-    pub(crate) received: Option<Arc<Received>>,
+    pub received: Option<Arc<Received>>,
     /// The last terminal event, for the reply.
-    pub(crate) ending: Option<Arc<OperationEvent>>,
+    pub ending: Option<Arc<OperationEvent>>,
 }
 
 impl StreamState for View {
@@ -208,7 +208,7 @@ impl Operations {
 }
 
 /// The metadata of `worker`'s events on the operation `received` started.
-pub(crate) fn metadata(worker: &str, received: &Received) -> EventMetadata {
+pub fn metadata(worker: &str, received: &Received) -> EventMetadata {
     EventMetadata {
         causation: Causation::Worker {
             worker: worker.to_owned(),
@@ -219,7 +219,7 @@ pub(crate) fn metadata(worker: &str, received: &Received) -> EventMetadata {
 
 /// Decides `commands` one after the other from `view`: their events and the view after them;
 /// refused as a whole if any is refused.
-pub(crate) fn decide_all(
+pub fn decide_all(
     view: &View,
     commands: &[OperationCommand],
     now: DateTime<Utc>,
@@ -237,7 +237,7 @@ pub(crate) fn decide_all(
 
 /// Stages `commands` on `stream`, decided on `view`: the view after them, or the domain's
 /// refusal with nothing staged.
-pub(crate) fn stage(
+pub fn stage(
     changes: &mut Changes,
     stream: &StreamId,
     view: &View,
@@ -271,7 +271,7 @@ fn decide_commands(
 /// Stages a call's outcome on `view`. If the domain refuses it there (another worker moved the
 /// operation after this one's lease ran out), stages instead a `TransitionRejected` recording
 /// the refusal and the late outcome, for a person to see; returns that refusal.
-pub(crate) fn stage_outcome(
+pub fn stage_outcome(
     changes: &mut Changes,
     stream: &StreamId,
     view: &View,

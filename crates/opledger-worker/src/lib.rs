@@ -14,6 +14,8 @@
 //!   [`HttpEffector`].
 //! - [`backoff`]: when a transient failure is tried again.
 //! - [`reconcile`]: an operator's resolution of an operation waiting for reconciliation.
+//! - [`decision`]: the pure decisions of the steps above, for callers that batch their own
+//!   appends.
 //!
 //! Modules use only those below them: `worker` → `call`, `reply` → `handle`; `reconcile` →
 //! `handle`.
@@ -23,6 +25,7 @@
 
 pub mod backoff;
 mod call;
+pub mod decision;
 pub mod effector;
 mod handle;
 pub mod http;

@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 use opledger_domain::operation::{OperationCommand, ReconcileOutcome, Reconciled, Status};
 use opledger_domain::{Causation, EventMetadata, Rejection};
-use opledger_ledger::{Ledger, LedgerError, Undecided, UnitError};
+use opledger_ledger::{Changes, Ledger, LedgerError, Undecided, UnitError};
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow, ReadError};
 use opledger_store::{AnyStore, ReadPool, StoreError, StreamId};
 use serde::Serialize;
@@ -143,27 +143,13 @@ pub async fn resolve(
             operation_id: operation_id.clone(),
         })?;
     let stream = StreamId::new(row.stream_id.clone()).map_err(StoreError::from)?;
-    let metadata = EventMetadata::caused_by(Causation::Operator {
-        operator: decision.operator.clone(),
-    });
-    let command = [OperationCommand::Reconcile(decision.clone())];
     let ledger = Ledger::new(store.clone());
     let committed = ledger
         .unit_of_work()
         .run(|snapshot, changes| {
             let view: View = snapshot.state(&stream)?;
-            let state = &view.state;
-            if state.operation_id.map(|id| id.to_string()).as_deref() != Some(operation_id.as_str())
-            {
-                // The read model names a stream that does not hold this operation: it is stale.
-                return Err(Undecided::Rejected(Refusal::Stale));
-            }
-            if state.status != Status::NeedsReconciliation {
-                return Err(Undecided::Rejected(Refusal::NotWaiting(state.status)));
-            }
-            let after = stage(changes, &stream, &view, &command, now, &metadata)
-                .map_err(|rejection| Undecided::Rejected(Refusal::Domain(rejection)))?;
-            Ok(after.state.status)
+            stage_resolution(changes, &stream, &view, &operation_id, &decision, now)
+                .map_err(Undecided::Rejected)
         })
         .await
         .map_err(|error| refused(error, &operation_id))?;
@@ -181,8 +167,36 @@ pub async fn resolve(
     })
 }
 
-/// Why the decision was refused on the operation's latest state.
-enum Refusal {
+/// Stages a person's `decision` about operation `operation_id` on `stream`, decided on `view`:
+/// `Reconciled`, caused by the operator, at the view's version; returns where the operation
+/// stands after it. Pure: [`resolve`] runs it through the unit of work.
+pub fn stage_resolution(
+    changes: &mut Changes,
+    stream: &StreamId,
+    view: &View,
+    operation_id: &str,
+    decision: &Reconciled,
+    now: DateTime<Utc>,
+) -> Result<Status, Refusal> {
+    let state = &view.state;
+    if state.operation_id.map(|id| id.to_string()).as_deref() != Some(operation_id) {
+        // The read model names a stream that does not hold this operation: it is stale.
+        return Err(Refusal::Stale);
+    }
+    if state.status != Status::NeedsReconciliation {
+        return Err(Refusal::NotWaiting(state.status));
+    }
+    let metadata = EventMetadata::caused_by(Causation::Operator {
+        operator: decision.operator.clone(),
+    });
+    let command = [OperationCommand::Reconcile(decision.clone())];
+    let after = stage(changes, stream, view, &command, now, &metadata).map_err(Refusal::Domain)?;
+    Ok(after.state.status)
+}
+
+/// Why a decision was refused on the operation's latest state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
     /// The stream does not hold the operation the read model said.
     Stale,
     /// The operation is not waiting for a person.
@@ -302,6 +316,45 @@ mod tests {
             operator: "alice".to_owned(),
             note: "checked the CRM".to_owned(),
         }
+    }
+
+    #[test]
+    fn a_resolution_is_staged_only_on_the_operation_waiting_for_it() {
+        use opledger_domain::operation::{MarkedForReconciliation, OperationEvent};
+        use opledger_ledger::StreamState;
+        use opledger_store::ExpectedVersion;
+
+        use crate::handle::tests::{called, now, received, stream};
+
+        let view_of = |events: &[OperationEvent]| events.iter().fold(View::default(), View::apply);
+        let mut events = called("a", "w1");
+        let id = received("a").operation_id.to_string();
+        let retry = decision(ReconcileOutcome::Retry, None);
+        let mut changes = Changes::default();
+        let stage = |changes: &mut Changes, view: &View, id: &str| {
+            stage_resolution(changes, &stream("a"), view, id, &retry, now())
+        };
+        let not_waiting = stage(&mut changes, &view_of(&events), &id);
+        assert_eq!(not_waiting, Err(Refusal::NotWaiting(Status::CallSent)));
+        let marked = MarkedForReconciliation {
+            reason: "unknown".to_owned(),
+            attempt: 1,
+        };
+        events.push(marked.into());
+        let stale = stage(&mut changes, &view_of(&events), "another-operation");
+        assert_eq!(stale, Err(Refusal::Stale));
+        assert!(changes.is_empty());
+
+        let status = stage(&mut changes, &view_of(&events), &id);
+        assert_eq!(status, Ok(Status::RetryScheduled));
+        let (expected, staged) = changes.staged::<OperationEvent>(&stream("a")).unwrap();
+        assert_eq!(expected, ExpectedVersion::Exact(4));
+        assert_eq!(staged, vec![OperationEvent::Reconciled(retry.clone())]);
+        let metadata = changes.requests()[0].events[0].metadata.get();
+        assert!(
+            metadata.contains("alice"),
+            "caused by the operator: {metadata}"
+        );
     }
 
     #[test]

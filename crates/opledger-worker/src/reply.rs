@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use chrono::TimeDelta;
+use chrono::{DateTime, TimeDelta, Utc};
 use opledger_config::{ActionConfig, ReplyTemplate};
-use opledger_domain::ReplyStatus;
 use opledger_domain::operation::{OperationCommand, OperationEvent, ReconcileOutcome};
+use opledger_domain::{Operation, ReplyStatus};
 use opledger_telegram::{BotApi, BotApiError};
 use serde_json::Value;
 use tokio::time::Instant;
@@ -86,32 +86,8 @@ impl Replier {
         }
         opledger_ledger::failpoint::crash("worker-after-reply-started");
         let sent = api.send_message(chat_id, &text).await;
-        let now = ops.now();
         let state = handle.state();
-        let command = match sent {
-            Ok(message) => OperationCommand::RecordReplySent {
-                message_id: Some(message.message_id),
-            },
-            Err(BotApiError::RetryAfter { seconds, .. }) => {
-                let wait = TimeDelta::seconds(i64::try_from(seconds).unwrap_or(i64::MAX).max(1));
-                OperationCommand::RecordReplyFailed {
-                    reason: format!("telegram's flood control asked to wait {seconds} s"),
-                    retry_at: Some(now + wait),
-                }
-            }
-            Err(error) if error.is_definitely_not_delivered() => {
-                let transient = matches!(error, BotApiError::Unreachable { .. });
-                let retry = transient && state.reply_attempts < MAX_REPLY_ATTEMPTS;
-                let backoff = TimeDelta::seconds(1 << state.reply_attempts.min(8));
-                OperationCommand::RecordReplyFailed {
-                    reason: error.to_string(),
-                    retry_at: retry.then(|| now + backoff),
-                }
-            }
-            Err(error) => OperationCommand::RecordReplyUnknown {
-                reason: error.to_string(),
-            },
-        };
+        let command = reply_outcome(sent.map(|message| message.message_id), state, ops.now());
         // If the sweep recorded the reply as unknown meanwhile, its record stands: after a lost
         // race the outcome is decided again only while this attempt is the one in flight.
         let ours = state.reply;
@@ -136,6 +112,41 @@ impl Replier {
             slot
         };
         tokio::time::sleep_until(slot).await;
+    }
+}
+
+/// What the worker records of `sendMessage`'s answer (the message's id, or the Bot API's
+/// error) to a reply started on `state`, at `now`: sent; refused for sure, and tried again
+/// (after flood control's wait, or a short backoff while Telegram was unreachable) or given up;
+/// or unknown, never sent again.
+pub fn reply_outcome(
+    sent: Result<i64, BotApiError>,
+    state: &Operation,
+    now: DateTime<Utc>,
+) -> OperationCommand {
+    match sent {
+        Ok(message_id) => OperationCommand::RecordReplySent {
+            message_id: Some(message_id),
+        },
+        Err(BotApiError::RetryAfter { seconds, .. }) => {
+            let wait = TimeDelta::seconds(i64::try_from(seconds).unwrap_or(i64::MAX).max(1));
+            OperationCommand::RecordReplyFailed {
+                reason: format!("telegram's flood control asked to wait {seconds} s"),
+                retry_at: Some(now + wait),
+            }
+        }
+        Err(error) if error.is_definitely_not_delivered() => {
+            let transient = matches!(error, BotApiError::Unreachable { .. });
+            let retry = transient && state.reply_attempts < MAX_REPLY_ATTEMPTS;
+            let backoff = TimeDelta::seconds(1 << state.reply_attempts.min(8));
+            OperationCommand::RecordReplyFailed {
+                reason: error.to_string(),
+                retry_at: retry.then(|| now + backoff),
+            }
+        }
+        Err(error) => OperationCommand::RecordReplyUnknown {
+            reason: error.to_string(),
+        },
     }
 }
 
@@ -198,5 +209,55 @@ fn field(result: &std::collections::BTreeMap<String, Value>, path: &str) -> Opti
         Value::String(s) => Some(s.clone()),
         Value::Null => None,
         other => Some(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::tests::now;
+
+    fn failed(retry_at: Option<DateTime<Utc>>, reason: String) -> OperationCommand {
+        OperationCommand::RecordReplyFailed { reason, retry_at }
+    }
+
+    #[test]
+    fn a_reply_s_answer_is_recorded_and_only_a_certain_refusal_is_tried_again() {
+        let first = Operation::default();
+        let sent = OperationCommand::RecordReplySent {
+            message_id: Some(42),
+        };
+        assert_eq!(reply_outcome(Ok(42), &first, now()), sent);
+
+        let flood = BotApiError::RetryAfter {
+            method: "sendMessage",
+            seconds: 9,
+        };
+        let waited = failed(
+            Some(now() + TimeDelta::seconds(9)),
+            "telegram's flood control asked to wait 9 s".to_owned(),
+        );
+        assert_eq!(reply_outcome(Err(flood), &first, now()), waited);
+
+        let unreachable = || BotApiError::Unreachable {
+            method: "sendMessage",
+        };
+        let reason = unreachable().to_string();
+        let again = failed(Some(now() + TimeDelta::seconds(1)), reason.clone());
+        assert_eq!(reply_outcome(Err(unreachable()), &first, now()), again);
+        let last = Operation {
+            reply_attempts: MAX_REPLY_ATTEMPTS,
+            ..Operation::default()
+        };
+        let given_up = failed(None, reason);
+        assert_eq!(reply_outcome(Err(unreachable()), &last, now()), given_up);
+
+        let timeout = BotApiError::Timeout {
+            method: "sendMessage",
+        };
+        let unknown = OperationCommand::RecordReplyUnknown {
+            reason: timeout.to_string(),
+        };
+        assert_eq!(reply_outcome(Err(timeout), &first, now()), unknown);
     }
 }

@@ -1,20 +1,29 @@
 //! The ledger generator of the rebuild benchmark: realistic operation lifecycles, decided by the
-//! domain's own `decide` functions and appended through the store in big multi-stream calls.
+//! service's own decisions and appended through the store in big multi-stream calls.
+//!
+//! Every event comes from the code `opledger serve` runs: the intake's pure decision
+//! (`opledger_server::intake::decision`, configured by [`CONFIG`]) and the worker's
+//! (`opledger_worker::decision`); the generator only plays the outside world (users, Telegram,
+//! the services, the operators), holds each stream's state between decisions, as the worker holds
+//! its operations, and batches what the decisions stage.
 //!
 //! A simulated clock advances one second per tick. Each tick, about `arrivals` Telegram updates
-//! arrive from many users and chats of two bots (built as real update bodies and read with
-//! `parse_update`, like the intake does): action commands start an operation (`UpdateReceived`
-//! on the delivery stream and `Received` on the operation's stream, one unit), join one that
-//! exists (the same business key and parameters) or record a `KeyConflictRecorded` (the same key,
-//! other parameters); `/status`, `/help` and plain messages are recorded alone; a few bodies are
-//! quarantined and a few updates are delivered again later (`DuplicateDeliveryObserved`). Due
-//! worker steps move each operation on, a few ticks apart: `Claimed` (half the time together
-//! with `ExternalCallSent`, as when the service honours the key), `ExternalCallSent`, then
+//! arrive from many users and chats of two bots (real update bodies, recorded like the intake
+//! records them): action commands start an operation (`UpdateReceived` and `Received`, one
+//! unit), join one that exists (the same business key and parameters) or record a
+//! `KeyConflictRecorded` (the same key, other parameters); `/status`, `/help` and plain messages
+//! are recorded alone; a few bodies are quarantined and a few updates are delivered again later
+//! (`DuplicateDeliveryObserved`). Due worker steps move each operation on, a few ticks apart:
+//! `Claimed` (with `ExternalCallSent` in the same commit for the actions whose service honours
+//! the key or has a lookup, else `ExternalCallSent` a tick later), then the service's answer:
 //! mostly `Confirmed`, some `RetryScheduled` (claimed again when due, `Failed` once the attempts
-//! are used up), some `Failed`, some `MarkedForReconciliation` (resolved by an operator minutes
-//! later: `Reconciled`, a few of them retried), then the reply (`ReplyStarted`, then mostly
-//! `ReplySent`, a few `ReplyRetryScheduled` or `ReplyOutcomeUnknown`). Every event carries its
-//! real causation (the update, the worker, the operator, the intake) and correlation.
+//! are used up), some `Failed`, and for an unknown outcome what the worker makes of it (a retry
+//! with the honoured key, a lookup's answer, or `MarkedForReconciliation`, resolved by an operator
+//! minutes later: `Reconciled`, a few of them retried). An outcome is committed together with
+//! its worker's next claim in the same tick, as one unit over both streams, or alone. Then the
+//! reply (`ReplyStarted`, then mostly `ReplySent`, a few `ReplyRetryScheduled` or
+//! `ReplyOutcomeUnknown`). Every event carries its real causation (the update, the worker, the
+//! operator, the intake) and correlation.
 //!
 //! A tick's units are shuffled, so streams interleave in the global order as they do in
 //! production, and appended in calls of at most `call_events` events, one call after the other
@@ -23,22 +32,28 @@
 //! updates.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use opledger_domain::delivery::{self, Delivery, DeliveryCommand, DeliveryEvent};
+use opledger_config::Config;
+use opledger_domain::delivery::{Delivery, DeliveryEvent};
 use opledger_domain::operation::{
-    self, Confirmed, ConfirmedVia, OperationCommand, OperationEvent, Received, ReconcileOutcome,
-    Reconciled,
+    OperationCommand, OperationEvent, Received, ReconcileOutcome, Reconciled, Status,
 };
-use opledger_domain::quarantine::{BodyQuarantined, QuarantineEvent, quarantine_stream};
-use opledger_domain::{
-    Causation, DomainEvent, EventMetadata, Operation, OperationId, OperationLink, delivery_stream,
-    fingerprint, operation_stream,
-};
-use opledger_ledger::{expected, request};
-use opledger_store::{AnyStore, AppendRequest, EventStore, ExpectedVersion, StreamId};
-use opledger_telegram::{Update, parse_update};
+use opledger_domain::quarantine::QuarantineEvent;
+use opledger_domain::{DomainEvent, EventMetadata, delivery_stream, fingerprint};
+use opledger_ledger::{Changes, Snapshot, StreamState};
+use opledger_server::Route;
+use opledger_server::intake::decision::{self as intake, Arrival, Decided, Rules};
+use opledger_store::{AnyStore, AppendRequest, EventStore, StreamId};
+use opledger_telegram::{BotApiError, parse_update};
+use opledger_worker::decision::{self as worker, OutcomeWithClaim, Resolution, View};
+use opledger_worker::{CallOutcome, Effector, HttpEffector, LookupOutcome, Success, WorkerOptions};
+
+/// The service the generator's events are decided for: two bots, an action whose service
+/// honours the idempotency key (`coupon`), one whose service has neither that nor a lookup
+/// (`refund`: an unknown outcome waits for a person), and one with a lookup (`book`).
+const CONFIG: &str = include_str!("service.toml");
 
 /// The bots updates arrive for.
 const BOTS: [&str; 2] = ["shop", "tickets"];
@@ -49,8 +64,6 @@ const OPERATORS: [&str; 3] = ["alice", "bob", "carol"];
 const CAMPAIGNS: [&str; 6] = ["spring", "summer", "autumn", "winter", "vip", "welcome"];
 const REFUND_REASONS: [&str; 4] = ["damaged", "late delivery", "wrong size", "changed my mind"];
 const SLOTS: [&str; 4] = ["09:00", "11:00", "14:00", "16:00"];
-/// How long a delivery counts as the same update (Telegram's week).
-const RETENTION_DAYS: i64 = 7;
 
 /// The generator's settings.
 #[derive(Clone, Debug)]
@@ -105,82 +118,62 @@ impl Rng {
     }
 }
 
-/// An action of the simulated bots: its name, bot and parameters.
-#[derive(Clone, Copy, Debug)]
-enum Action {
-    /// `/coupon <campaign>` on `shop`, key `{campaign}:{user_id}`.
-    Coupon,
-    /// `/refund <order> <reason>` on `shop`, key `{order}`: asking again with another reason is
-    /// a key conflict.
-    Refund,
-    /// `/book <date> <slot>` on `tickets`, key `{date}:{slot}:{user_id}`.
-    Book,
-}
-
-impl Action {
-    fn name(self) -> &'static str {
-        match self {
-            Action::Coupon => "coupon",
-            Action::Refund => "refund",
-            Action::Book => "book",
-        }
-    }
-
-    fn bot(self) -> &'static str {
-        match self {
-            Action::Coupon | Action::Refund => BOTS[0],
-            Action::Book => BOTS[1],
-        }
-    }
-
-    fn max_attempts(self) -> u32 {
-        match self {
-            Action::Coupon => 5,
-            Action::Refund => 3,
-            Action::Book => 4,
-        }
-    }
-
-    /// What the service answers on success: the fields a reply uses.
-    fn result(self, n: u64) -> (String, BTreeMap<String, serde_json::Value>) {
-        let (id, fields) = match self {
-            Action::Coupon => (
-                format!("cpn_{n}"),
-                serde_json::json!({ "code": format!("SAVE-{:06X}", n % 0xff_ffff) }),
-            ),
-            Action::Refund => (
-                format!("re_{n:08}"),
-                serde_json::json!({ "amount": format!("{}.{:02}", 5 + n % 200, n % 100), "currency": "EUR" }),
-            ),
-            Action::Book => (
-                format!("bk-{n}"),
-                serde_json::json!({ "seat": format!("{}{}", (b'A' + (n % 12) as u8) as char, 1 + n % 30) }),
-            ),
-        };
-        let fields = fields
-            .as_object()
-            .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
-        (id, fields)
+/// What the service of `action` answers on success (the `n`th result): the fields a reply uses.
+fn success(action: &str, n: u64) -> Success {
+    let (id, fields) = match action {
+        "coupon" => (
+            format!("cpn_{n}"),
+            serde_json::json!({ "code": format!("SAVE-{:06X}", n % 0xff_ffff) }),
+        ),
+        "refund" => (
+            format!("re_{n:08}"),
+            serde_json::json!({ "amount": format!("{}.{:02}", 5 + n % 200, n % 100), "currency": "EUR" }),
+        ),
+        _ => (
+            format!("bk-{n}"),
+            serde_json::json!({ "seat": format!("{}{}", (b'A' + (n % 12) as u8) as char, 1 + n % 30) }),
+        ),
+    };
+    let result = fields
+        .as_object()
+        .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    Success {
+        response_digest: Some(fingerprint(
+            "response",
+            &BTreeMap::from([("id".to_owned(), id.clone())]),
+        )),
+        external_id: Some(id),
+        result,
     }
 }
 
-/// One operation as the simulation knows it.
+/// One operation as the simulated worker holds it between commits.
 struct Op {
     stream: StreamId,
-    state: Operation,
-    action: Action,
-    /// The update that started it (the correlation of the worker's events).
-    bot: &'static str,
-    update_id: i64,
+    view: View,
     /// The worker holding the current claim.
     worker: &'static str,
+}
+
+impl Op {
+    fn received(&self) -> &Received {
+        self.view
+            .received
+            .as_deref()
+            .expect("an operation starts with Received")
+    }
+
+    /// The worker's metadata on the operation's events.
+    fn metadata(&self) -> EventMetadata {
+        worker::metadata(self.worker, self.received())
+    }
 }
 
 /// Something due at a tick.
 #[derive(Clone, Debug)]
 enum Step {
-    /// Claim the operation (and, half the time, record the call in the same commit).
+    /// Claim the operation (with the call's record, for the actions that allow it).
     Claim(usize),
     /// Record the call as sent.
     Send(usize),
@@ -190,13 +183,12 @@ enum Step {
     Reconcile(usize),
     StartReply(usize),
     FinishReply(usize),
-    /// Telegram delivers an update again.
+    /// Telegram delivers an update's body again.
     Redeliver {
-        stream: StreamId,
         bot: &'static str,
-        update_id: i64,
+        raw: Vec<u8>,
+        stream: StreamId,
         delivery: Delivery,
-        command: Box<DeliveryCommand>,
     },
 }
 
@@ -214,12 +206,31 @@ impl Step {
     }
 }
 
-/// The appends of one decision that must commit together (an update's delivery and operation).
+/// A call's outcome, decided and kept until its worker's next claim (or the tick's end).
+struct Pending {
+    op: usize,
+    command: OperationCommand,
+}
+
+/// What became of a body the intake was given.
+enum Kept {
+    Yes,
+    /// Its operation's stream is written this tick already.
+    Busy,
+    /// Its events do not fit, or its stream is written this tick already.
+    No,
+}
+
+/// The appends of one decision that must commit together.
 type Unit = Vec<AppendRequest>;
 
 /// The simulation.
 struct Sim {
     rng: Rng,
+    rules: Rules,
+    /// Each action's effector, as the worker builds it; only asked what it does, never called.
+    effectors: HashMap<String, HttpEffector>,
+    worker: WorkerOptions,
     start: DateTime<Utc>,
     tick: u64,
     remaining: u64,
@@ -231,18 +242,49 @@ struct Sim {
     /// Recent refund requests `(order, reason)`, which some users ask for again.
     recent_refunds: Vec<(String, &'static str)>,
     ops: Vec<Op>,
-    by_stream: HashMap<String, usize>,
+    by_stream: HashMap<StreamId, usize>,
     schedule: BTreeMap<u64, Vec<Step>>,
+    /// Each worker's outcome waiting for its next claim (ordered: the same seed, the same
+    /// events).
+    pending: BTreeMap<&'static str, Pending>,
     /// Streams already written by this tick's units: a call names each stream once.
-    touched: HashSet<String>,
+    touched: HashSet<StreamId>,
     units: Vec<(Unit, u64)>,
     generated: Generated,
 }
 
+/// `state` after the events `changes` staged on `stream`.
+fn after<S: StreamState>(changes: &Changes, stream: &StreamId, state: S) -> S {
+    match changes.staged::<S::Event>(stream) {
+        Some((_, events)) => events.iter().fold(state, |state, event| state.apply(event)),
+        None => state,
+    }
+}
+
 impl Sim {
     fn new(options: &Options) -> Self {
+        let config = Config::parse(CONFIG, &|name| {
+            Some(match name {
+                "WEBHOOK_SECRET" => "generator-webhook-secret".to_owned(),
+                _ => "123456:generator-token".to_owned(),
+            })
+        })
+        .expect("the generator's configuration parses");
+        let http = reqwest::Client::new();
+        let effectors = config
+            .actions
+            .iter()
+            .map(|action| {
+                let effector = action.effector.as_ref().expect("every action calls out");
+                let effector = HttpEffector::new(http.clone(), effector, Vec::new());
+                (action.name.clone(), effector)
+            })
+            .collect();
         Self {
             rng: Rng(options.seed),
+            rules: Rules::new(&config),
+            effectors,
+            worker: WorkerOptions::new("generator"),
             start: DateTime::parse_from_rfc3339("2026-01-05T09:00:00Z")
                 .expect("a valid time")
                 .with_timezone(&Utc),
@@ -258,6 +300,7 @@ impl Sim {
             ops: Vec::new(),
             by_stream: HashMap::new(),
             schedule: BTreeMap::new(),
+            pending: BTreeMap::new(),
             touched: HashSet::new(),
             units: Vec::new(),
             generated: Generated::default(),
@@ -268,6 +311,12 @@ impl Sim {
         self.start + TimeDelta::seconds(self.tick as i64)
     }
 
+    /// The ticks until `at`, rounded up: a step scheduled then is not early.
+    fn ticks_until(&self, at: DateTime<Utc>) -> u64 {
+        let millis = (at - self.now()).num_milliseconds().max(0) as u64;
+        millis.div_ceil(1000)
+    }
+
     fn at(&mut self, ticks: u64, step: Step) {
         self.schedule
             .entry(self.tick + ticks.max(1))
@@ -275,18 +324,16 @@ impl Sim {
             .push(step);
     }
 
-    /// Keeps `unit` for this tick if its streams are free and its events fit; `false` if not.
-    fn push(&mut self, unit: Unit) -> bool {
+    /// Keeps what a decision staged as one unit of this tick if its streams are free and its
+    /// events fit; `false` if not.
+    fn push(&mut self, changes: Changes) -> bool {
+        let unit = changes.into_requests().expect("decided events encode");
         let events: u64 = unit.iter().map(|r| r.events.len() as u64).sum();
-        if events > self.remaining
-            || unit
-                .iter()
-                .any(|r| self.touched.contains(r.stream.as_str()))
-        {
+        if events > self.remaining || unit.iter().any(|r| self.touched.contains(&r.stream)) {
             return false;
         }
         for request in &unit {
-            self.touched.insert(request.stream.as_str().to_owned());
+            self.touched.insert(request.stream.clone());
             for event in &request.events {
                 let name = type_name(&event.event_type);
                 *self.generated.types.entry(name).or_default() += 1;
@@ -297,7 +344,8 @@ impl Sim {
         true
     }
 
-    /// Decides one tick: due steps first, then new updates. Returns its units, shuffled.
+    /// Decides one tick: due steps first (outcomes not carried by a claim are then committed
+    /// alone), then new updates. Returns its units, shuffled.
     fn tick(&mut self, arrivals: u64) -> Vec<(Unit, u64)> {
         self.touched.clear();
         let due: Vec<Step> = self
@@ -312,13 +360,16 @@ impl Sim {
             }
             let busy = step
                 .operation()
-                .is_some_and(|op| self.touched.contains(self.ops[op].stream.as_str()));
+                .is_some_and(|op| self.touched.contains(&self.ops[op].stream));
             if busy {
-                // A key conflict or join wrote to the stream this tick: one tick later.
+                // A key conflict wrote to the stream this tick: one tick later.
                 self.at(1, step);
                 continue;
             }
             self.step(step);
+        }
+        for (_, pending) in std::mem::take(&mut self.pending) {
+            self.flush(pending);
         }
         let spread = arrivals / 3;
         let count = self.rng.range(arrivals - spread, arrivals + spread);
@@ -361,12 +412,22 @@ impl Sim {
                     .pick(&["thanks!", "hello", "where is my order?", "ok"]);
                 self.plain_update(bot, text);
             }
-            _ => self.quarantine(),
+            _ => {
+                let bot = self.rng.pick(&BOTS);
+                let body = self.rng.pick(&[
+                    b"{\"ok\":true}".as_slice(),
+                    b"not json at all".as_slice(),
+                    b"[1,2,3]".as_slice(),
+                ]);
+                if !matches!(self.receive(bot, body.to_vec()), Kept::Yes) {
+                    self.plain_update(bot, "/help");
+                }
+            }
         }
     }
 
-    /// A Telegram update body from a user in a chat, read back like the intake reads it.
-    fn update(&mut self, bot: &'static str, text: &str) -> (Update, i64) {
+    /// A Telegram update body with `text` from a user in a chat.
+    fn update(&mut self, bot: &'static str, text: &str) -> Vec<u8> {
         let which = usize::from(bot != BOTS[0]);
         self.next_update[which] += 1;
         let update_id = self.next_update[which];
@@ -395,133 +456,116 @@ impl Sim {
                 serde_json::json!([{ "type": "bot_command", "offset": 0, "length": length }]);
         }
         let body = serde_json::json!({ "update_id": update_id, "message": message });
-        let raw = serde_json::to_vec(&body).expect("JSON");
-        let update = parse_update(&raw).expect("a generated update parses");
-        (update, update_id)
+        serde_json::to_vec(&body).expect("JSON")
     }
 
-    /// The intake's metadata for an update's events.
-    fn intake_metadata(bot: &str, update_id: i64, stream: &StreamId) -> EventMetadata {
-        EventMetadata::caused_by(Causation::Update {
-            bot: bot.to_owned(),
-            update_id,
-        })
-        .correlated_with(stream.as_str())
+    /// The intake's decision on `snapshot`.
+    fn decide(&self, arrival: &Arrival<'_>, snapshot: &Snapshot) -> (Decided, Changes) {
+        let mut changes = Changes::default();
+        let decided = intake::decide(&self.rules, arrival, snapshot, &mut changes)
+            .unwrap_or_else(|error| panic!("the intake refused a generated update: {error:?}"));
+        (decided, changes)
     }
 
-    /// The delivery's first receipt, decided by the domain, and a redelivery now and then.
-    fn delivery(
-        &mut self,
-        bot: &'static str,
-        update: &Update,
-        operation: Option<OperationLink>,
-    ) -> (AppendRequest, Delivery, Box<DeliveryCommand>, StreamId) {
-        let stream = StreamId::new(delivery_stream(bot, update.update_id).expect("a stream id"))
+    /// Records a body as the intake does, and keeps what it decided.
+    fn receive(&mut self, bot: &'static str, raw: Vec<u8>) -> Kept {
+        let now = self.now();
+        let update = match parse_update(&raw) {
+            Ok(update) => update,
+            Err(quarantine) => {
+                let mut changes = Changes::default();
+                intake::quarantine(bot, &quarantine, now, &mut changes)
+                    .expect("a quarantine note is staged");
+                return if self.push(changes) {
+                    Kept::Yes
+                } else {
+                    Kept::No
+                };
+            }
+        };
+        let arrival = Arrival {
+            bot,
+            update: &update,
+            raw: &raw,
+            now,
+        };
+        // The intake's first attempt takes every stream as new (ADR 0006)...
+        let (decided, mut changes) = self.decide(&arrival, &Snapshot::assuming_new());
+        let operation = match &decided {
+            Decided::Accepted {
+                route: Route::Started(link),
+                ..
+            } => Some(StreamId::new(link.stream.clone()).expect("a stream id")),
+            _ => None,
+        };
+        let existing = operation
+            .as_ref()
+            .and_then(|s| self.by_stream.get(s).copied());
+        if let Some(op) = existing {
+            // ...and decides again on the operation's state when its stream exists.
+            if self.touched.contains(&self.ops[op].stream) {
+                return Kept::Busy;
+            }
+            let state = self.ops[op].view.state.clone();
+            let snapshot = Snapshot::assuming_new().with(self.ops[op].stream.clone(), state);
+            changes = self.decide(&arrival, &snapshot).1;
+        }
+        let stream = StreamId::new(delivery_stream(bot, update.update_id).expect("a stream name"))
             .expect("a stream id");
-        let command = Box::new(DeliveryCommand::RecordUpdate {
-            bot: bot.to_owned(),
-            update_id: update.update_id,
-            kind: update.kind.as_str().into_owned(),
-            digest: update.digest.clone(),
-            size: update.size as u64,
-            chat_id: update.chat_id,
-            user_id: update.user_id,
-            message_date: update.message_date,
-            received_at: self.now(),
-            operation,
-            retention: TimeDelta::days(RETENTION_DAYS),
-            raw_body: None,
+        let delivery = after(&changes, &stream, Delivery::default());
+        let view = operation.as_ref().map(|s| {
+            let view = existing.map_or_else(View::default, |op| self.ops[op].view.clone());
+            after(&changes, s, view)
         });
-        let events = delivery::decide(&Delivery::default(), &command, self.now())
-            .expect("a first receipt is accepted");
-        let metadata = Self::intake_metadata(bot, update.update_id, &stream);
-        let append = request(
-            stream.clone(),
-            ExpectedVersion::NoStream,
-            &events,
-            &metadata,
-        )
-        .expect("encode a delivery");
-        (append, Delivery::replay(&events), command, stream)
-    }
-
-    /// Schedules Telegram delivering the update again, for a few updates.
-    fn maybe_redeliver(
-        &mut self,
-        bot: &'static str,
-        update_id: i64,
-        stream: StreamId,
-        delivery: Delivery,
-        command: Box<DeliveryCommand>,
-    ) {
+        if !self.push(changes) {
+            return Kept::No;
+        }
+        self.generated.updates += 1;
+        match (existing, operation, view) {
+            (Some(op), _, Some(view)) => self.ops[op].view = view,
+            (None, Some(stream), Some(view)) => {
+                let op = self.ops.len();
+                self.by_stream.insert(stream.clone(), op);
+                self.ops.push(Op {
+                    stream,
+                    view,
+                    worker: WORKERS[0],
+                });
+                self.generated.operations += 1;
+                let wait = self.rng.range(1, 3);
+                self.at(wait, Step::Claim(op));
+            }
+            _ => {}
+        }
         if self.rng.chance(0.015) {
             let later = self.rng.range(1, 20);
             self.at(
                 later,
                 Step::Redeliver {
-                    stream,
                     bot,
-                    update_id,
+                    raw,
+                    stream,
                     delivery,
-                    command,
                 },
             );
         }
+        Kept::Yes
     }
 
     /// An update that asks for no action: recorded alone.
     fn plain_update(&mut self, bot: &'static str, text: &str) {
-        let (update, update_id) = self.update(bot, text);
-        let (append, delivery, command, stream) = self.delivery(bot, &update, None);
-        if self.push(vec![append]) {
-            self.generated.updates += 1;
-            self.maybe_redeliver(bot, update_id, stream, delivery, command);
-        }
-    }
-
-    /// An authenticated body that is not an update: its digest and size go to quarantine.
-    fn quarantine(&mut self) {
-        let bot = self.rng.pick(&BOTS);
-        let body: &[u8] = self.rng.pick(&[
-            b"{\"ok\":true}".as_slice(),
-            b"not json at all".as_slice(),
-            b"[1,2,3]".as_slice(),
-        ]);
-        let Err(quarantine) = parse_update(body) else {
-            unreachable!("these bodies are not updates");
-        };
-        let event: QuarantineEvent = BodyQuarantined {
-            reason: quarantine.reason.as_str().to_owned(),
-            digest: quarantine.digest,
-            size: quarantine.size as u64,
-            received_at: self.now(),
-        }
-        .into();
-        let metadata = EventMetadata::caused_by(Causation::System {
-            component: "intake".to_owned(),
-        });
-        let stream = StreamId::new(quarantine_stream(bot).expect("a stream id")).expect("valid");
-        let note = request(stream, ExpectedVersion::Any, &[event], &metadata).expect("encode");
-        if !self.push(vec![note]) {
-            self.plain_update(bot, "/help");
-        }
+        let body = self.update(bot, text);
+        self.receive(bot, body);
     }
 
     /// An action command: starts an operation, joins one, or records a key conflict.
     fn command(&mut self) {
-        let action = match self.rng.next() % 100 {
-            0..=54 => Action::Coupon,
-            55..=79 => Action::Refund,
-            _ => Action::Book,
-        };
-        let mut params = BTreeMap::new();
-        let text = match action {
-            Action::Coupon => {
+        let (bot, text) = match self.rng.next() % 100 {
+            0..=54 => {
                 let campaign = self.rng.pick(&CAMPAIGNS);
-                params.insert("campaign".to_owned(), campaign.to_owned());
-                format!("/coupon {campaign}")
+                (BOTS[0], format!("/coupon {campaign}"))
             }
-            Action::Refund => {
+            55..=79 => {
                 let again = !self.recent_refunds.is_empty() && self.rng.chance(0.08);
                 let (order, reason) = if again {
                     let i = (self.rng.next() % self.recent_refunds.len() as u64) as usize;
@@ -545,314 +589,167 @@ impl Sim {
                     }
                     (order, reason)
                 };
-                params.insert("order".to_owned(), order.clone());
-                params.insert("reason".to_owned(), reason.to_owned());
-                format!("/refund {order} {reason}")
+                (BOTS[0], format!("/refund {order} {reason}"))
             }
-            Action::Book => {
+            _ => {
                 let date = format!("2026-02-{:02}", self.rng.range(1, 14));
                 let slot = self.rng.pick(&SLOTS);
-                params.insert("date".to_owned(), date.clone());
-                params.insert("slot".to_owned(), slot.to_owned());
-                format!("/book {date} {slot}")
+                (BOTS[1], format!("/book {date} {slot}"))
             }
         };
-        let bot = action.bot();
-        let (update, update_id) = self.update(bot, &text);
-        let key = match action {
-            Action::Coupon => format!("{}:{}", params["campaign"], update.user_id.unwrap_or(0)),
-            Action::Refund => params["order"].clone(),
-            Action::Book => format!(
-                "{}:{}:{}",
-                params["date"],
-                params["slot"],
-                update.user_id.unwrap_or(0)
-            ),
-        };
-        let stream_id = operation_stream(action.name(), &key).expect("a stream id");
-        let operation_id = OperationId::new(action.name(), &key);
-        let existing = self.by_stream.get(&stream_id).copied();
-        if existing.is_some_and(|op| self.touched.contains(self.ops[op].stream.as_str())) {
+        let body = self.update(bot, &text);
+        match self.receive(bot, body) {
+            Kept::Yes => {}
             // Its stream is written this tick already: this user asks for their status instead.
-            return self.plain_update(bot, "/status");
-        }
-        let state = existing.map_or_else(Operation::default, |op| self.ops[op].state.clone());
-        let received = Received {
-            operation_id,
-            action: action.name().to_owned(),
-            business_key: key,
-            fingerprint: fingerprint(action.name(), &params),
-            params,
-            bot: bot.to_owned(),
-            chat_id: update.chat_id,
-            user_id: update.user_id,
-            update_id,
-            message_date: update.message_date,
-            max_attempts: action.max_attempts(),
-        };
-        let events = operation::decide(&state, &OperationCommand::Receive(received), self.now())
-            .expect("the domain accepts a request");
-        let stream = StreamId::new(stream_id.clone()).expect("a stream id");
-        let link = match events.first() {
-            None => Some(true),
-            Some(OperationEvent::Received(_)) => Some(false),
-            _ => None,
-        }
-        .map(|joined| OperationLink {
-            action: action.name().to_owned(),
-            operation_id,
-            stream: stream_id.clone(),
-            joined,
-        });
-        let (delivery, delivery_state, command, delivery_id) = self.delivery(bot, &update, link);
-        let mut unit = vec![delivery];
-        if !events.is_empty() {
-            let metadata = Self::intake_metadata(bot, update_id, &delivery_id);
-            unit.push(
-                request(stream.clone(), expected(state.version), &events, &metadata)
-                    .expect("encode"),
-            );
-        }
-        if !self.push(unit) {
-            return self.plain_update(bot, "/help");
-        }
-        self.generated.updates += 1;
-        self.maybe_redeliver(bot, update_id, delivery_id, delivery_state, command);
-        let state = events.iter().fold(state, operation::evolve);
-        match existing {
-            Some(op) => self.ops[op].state = state,
-            None => {
-                let op = self.ops.len();
-                self.ops.push(Op {
-                    stream,
-                    state,
-                    action,
-                    bot,
-                    update_id,
-                    worker: WORKERS[0],
-                });
-                self.by_stream.insert(stream_id, op);
-                self.generated.operations += 1;
-                let wait = self.rng.range(1, 3);
-                self.at(wait, Step::Claim(op));
-            }
+            Kept::Busy => self.plain_update(bot, "/status"),
+            Kept::No => self.plain_update(bot, "/help"),
         }
     }
 
-    /// Decides `commands` on operation `op` and keeps the events as one unit caused by
-    /// `causation`. `None` if they do not fit (the operation is left where it is).
-    fn decide_op(
-        &mut self,
-        op: usize,
-        commands: &[OperationCommand],
-        causation: Causation,
-    ) -> Option<Vec<OperationEvent>> {
-        let now = self.now();
-        let mut state = self.ops[op].state.clone();
-        let mut events = Vec::new();
-        for command in commands {
-            let decided = operation::decide(&state, command, now).unwrap_or_else(|rejection| {
-                panic!(
-                    "the generator asked for a move the domain refuses: {} on {} ({:?}): {rejection}",
-                    command.kind(),
-                    self.ops[op].stream.as_str(),
-                    state.status
-                )
-            });
-            for event in decided {
-                state = operation::evolve(state, &event);
-                events.push(event);
-            }
-        }
-        let correlation = match causation {
-            Causation::Operator { .. } => None,
-            _ => delivery_stream(self.ops[op].bot, self.ops[op].update_id).ok(),
-        };
-        let metadata = EventMetadata {
-            causation,
-            correlation,
-        };
-        let append = request(
-            self.ops[op].stream.clone(),
-            expected(self.ops[op].state.version),
-            &events,
+    /// Stages `commands` on `op` as its worker decides them, and keeps them if they fit.
+    fn commit(&mut self, op: usize, commands: &[OperationCommand]) -> bool {
+        let o = &self.ops[op];
+        let metadata = o.metadata();
+        let mut changes = Changes::default();
+        let view = worker::stage(
+            &mut changes,
+            &o.stream,
+            &o.view,
+            commands,
+            self.now(),
             &metadata,
         )
-        .expect("encode");
-        if !self.push(vec![append]) {
-            return None;
+        .unwrap_or_else(|rejection| {
+            panic!(
+                "the generator asked for a move the domain refuses on {} ({:?}): {rejection}",
+                o.stream.as_str(),
+                o.view.state.status
+            )
+        });
+        if !self.push(changes) {
+            return false;
         }
-        self.ops[op].state = state;
-        Some(events)
+        self.ops[op].view = view;
+        true
     }
 
-    fn worker(&self, op: usize) -> Causation {
-        Causation::Worker {
-            worker: self.ops[op].worker.to_owned(),
-        }
-    }
-
-    fn step(&mut self, step: Step) {
-        let now = self.now();
-        match step {
-            Step::Claim(op) => {
-                self.ops[op].worker = self.rng.pick(&WORKERS);
-                let worker = self.ops[op].worker.to_owned();
-                let together = self.rng.chance(0.5);
-                let mut commands = vec![OperationCommand::Claim {
-                    worker: worker.clone(),
-                    lease_until: now + TimeDelta::seconds(60),
-                }];
-                if together {
-                    commands.push(OperationCommand::RecordCallSent { worker });
-                }
-                if self.decide_op(op, &commands, self.worker(op)).is_some() {
-                    if together {
-                        let wait = self.rng.range(1, 4);
-                        self.at(wait, Step::Outcome(op));
-                    } else {
-                        self.at(1, Step::Send(op));
-                    }
-                }
-            }
-            Step::Send(op) => {
-                let worker = self.ops[op].worker.to_owned();
-                let command = OperationCommand::RecordCallSent { worker };
-                if self.decide_op(op, &[command], self.worker(op)).is_some() {
-                    let wait = self.rng.range(1, 4);
-                    self.at(wait, Step::Outcome(op));
-                }
-            }
-            Step::Outcome(op) => self.outcome(op),
-            Step::Reconcile(op) => {
-                let operator = self.rng.pick(&OPERATORS);
-                let roll = self.rng.next() % 10;
-                let outcome = match roll {
-                    0..=6 => ReconcileOutcome::Succeeded,
-                    7 | 8 => ReconcileOutcome::Failed,
-                    _ => ReconcileOutcome::Retry,
-                };
-                let n = self.next_result;
-                self.next_result += 1;
-                let command = OperationCommand::Reconcile(Reconciled {
-                    outcome,
-                    external_id: (outcome == ReconcileOutcome::Succeeded)
-                        .then(|| self.ops[op].action.result(n).0),
-                    operator: operator.to_owned(),
-                    note: match outcome {
-                        ReconcileOutcome::Succeeded => "found it in the shop's admin panel",
-                        ReconcileOutcome::Failed => "the shop has no record of it",
-                        ReconcileOutcome::Retry => "not done; the shop asks us to send it again",
-                    }
-                    .to_owned(),
-                });
-                let causation = Causation::Operator {
-                    operator: operator.to_owned(),
-                };
-                if self.decide_op(op, &[command], causation).is_some() {
-                    if outcome == ReconcileOutcome::Retry {
-                        self.at(1, Step::Claim(op));
-                    } else {
-                        let wait = self.rng.range(1, 3);
-                        self.at(wait, Step::StartReply(op));
-                    }
-                }
-            }
-            Step::StartReply(op) => {
-                let command = OperationCommand::StartReply;
-                if self.decide_op(op, &[command], self.worker(op)).is_some() {
-                    let wait = self.rng.range(1, 2);
-                    self.at(wait, Step::FinishReply(op));
-                }
-            }
-            Step::FinishReply(op) => {
-                let roll = self.rng.next() % 100;
-                let retry = TimeDelta::seconds(self.rng.range(1, 30) as i64);
-                let command = match roll {
-                    0..=96 => OperationCommand::RecordReplySent {
-                        message_id: Some(self.rng.range(1, 1_000_000) as i64),
-                    },
-                    97 | 98 => OperationCommand::RecordReplyFailed {
-                        reason: "Telegram answered 429: Too Many Requests".to_owned(),
-                        retry_at: Some(now + retry),
-                    },
-                    _ => OperationCommand::RecordReplyUnknown {
-                        reason: "timed out waiting for Telegram".to_owned(),
-                    },
-                };
-                let again = matches!(
-                    command,
-                    OperationCommand::RecordReplyFailed {
-                        retry_at: Some(_),
-                        ..
-                    }
-                );
-                if self.decide_op(op, &[command], self.worker(op)).is_some() && again {
-                    self.at(retry.num_seconds() as u64, Step::StartReply(op));
-                }
-            }
-            Step::Redeliver {
-                stream,
-                bot,
-                update_id,
-                delivery,
-                command,
-            } => {
-                let events =
-                    delivery::decide(&delivery, &command, now).expect("a redelivery is accepted");
-                debug_assert!(matches!(
-                    events.first(),
-                    Some(DeliveryEvent::DuplicateDeliveryObserved(_))
-                ));
-                let metadata = Self::intake_metadata(bot, update_id, &stream);
-                let note =
-                    request(stream, ExpectedVersion::Any, &events, &metadata).expect("encode");
-                self.push(vec![note]);
+    /// Claims `op`, with its worker's pending outcome in the same unit when there is one.
+    fn claim(&mut self, op: usize) {
+        let worker = self.rng.pick(&WORKERS);
+        self.ops[op].worker = worker;
+        let effector = &self.effectors[self.ops[op].received().action.as_str()];
+        let together = effector.resolves_unknown_outcomes();
+        let margin = self.worker.lease_margin;
+        let commands = worker::claim_commands(effector, worker, self.now(), margin);
+        let claimed = match self.pending.remove(worker) {
+            Some(pending) => self.claim_carrying(pending, op, &commands),
+            None => self.commit(op, &commands),
+        };
+        if claimed {
+            if together {
+                let wait = self.rng.range(1, 4);
+                self.at(wait, Step::Outcome(op));
+            } else {
+                self.at(1, Step::Send(op));
             }
         }
     }
 
-    /// The service's answer to a call, and what the worker records.
+    /// The worker's decision over two streams: `pending`'s outcome and the claim of `op`.
+    fn claim_carrying(&mut self, pending: Pending, op: usize, claim: &[OperationCommand]) -> bool {
+        let (done, next) = (&self.ops[pending.op], &self.ops[op]);
+        let decision = OutcomeWithClaim {
+            done: &done.stream,
+            outcome: &pending.command,
+            done_metadata: done.metadata(),
+            next: &next.stream,
+            claim,
+            next_metadata: next.metadata(),
+            now: self.now(),
+        };
+        let snapshot = Snapshot::new()
+            .with(done.stream.clone(), done.view.clone())
+            .with(next.stream.clone(), next.view.clone());
+        let mut changes = Changes::default();
+        let (refused, claimed) = decision
+            .decide(&snapshot, &mut changes)
+            .expect("both states are held");
+        assert!(refused.is_none(), "an outcome refused: {refused:?}");
+        let claimed = claimed.expect("nobody else claims the generator's operations");
+        let done_view = after(&changes, &done.stream, done.view.clone());
+        if !self.push(changes) {
+            // The outcome waits for the tick's end; the claim is left undone.
+            let worker = self.ops[pending.op].worker;
+            self.pending.insert(worker, pending);
+            return false;
+        }
+        self.ops[pending.op].view = done_view;
+        self.ops[op].view = claimed;
+        self.next_after_outcome(pending.op);
+        true
+    }
+
+    /// Commits a call's outcome alone.
+    fn flush(&mut self, pending: Pending) {
+        let o = &self.ops[pending.op];
+        let metadata = o.metadata();
+        let mut changes = Changes::default();
+        let refused = worker::stage_outcome(
+            &mut changes,
+            &o.stream,
+            &o.view,
+            &pending.command,
+            self.now(),
+            &metadata,
+        );
+        assert!(refused.is_none(), "an outcome refused: {refused:?}");
+        let view = after(&changes, &o.stream, o.view.clone());
+        if self.push(changes) {
+            self.ops[pending.op].view = view;
+            self.next_after_outcome(pending.op);
+        }
+    }
+
+    /// Schedules what follows a call's outcome on `op`.
+    fn next_after_outcome(&mut self, op: usize) {
+        let state = &self.ops[op].view.state;
+        match state.status {
+            Status::RetryScheduled => {
+                let wait = state.retry_at.map_or(1, |at| self.ticks_until(at));
+                self.at(wait, Step::Claim(op));
+            }
+            Status::NeedsReconciliation => {
+                let wait = self.rng.range(60, 900);
+                self.at(wait, Step::Reconcile(op));
+            }
+            _ => {
+                let wait = self.rng.range(1, 3);
+                self.at(wait, Step::StartReply(op));
+            }
+        }
+    }
+
+    /// The service's answer to the call on `op` (or its absence), as the worker records it.
     fn outcome(&mut self, op: usize) {
-        let now = self.now();
         let roll = self.rng.next() % 1000;
         let n = self.next_result;
         self.next_result += 1;
-        let action = self.ops[op].action;
-        let command = match roll {
-            0..=849 => {
-                let (external_id, result) = action.result(n);
-                OperationCommand::Confirm(Confirmed {
-                    response_digest: Some(fingerprint(
-                        "response",
-                        &BTreeMap::from([("id".to_owned(), external_id.clone())]),
-                    )),
-                    external_id: Some(external_id),
-                    result,
-                    via: if roll < 840 {
-                        ConfirmedVia::Response
+        let action = self.ops[op].received().action.clone();
+        let answer = match roll {
+            0..=839 => CallOutcome::Succeeded(success(&action, n)),
+            840..=869 => {
+                let busy = self.rng.chance(0.5);
+                CallOutcome::NotDone {
+                    reason: if busy {
+                        "HTTP 429 Too Many Requests"
                     } else {
-                        ConfirmedVia::Lookup
-                    },
-                })
-            }
-            850..=919 => {
-                let claims = self.ops[op].state.claims;
-                let backoff = 2u64.pow(claims.min(5)) + self.rng.range(0, 3);
-                OperationCommand::ScheduleRetry {
-                    at: now + TimeDelta::seconds(backoff as i64),
-                    reason: self
-                        .rng
-                        .pick(&[
-                            "HTTP 503 Service Unavailable",
-                            "HTTP 429 Too Many Requests",
-                            "connection reset after the request was sent",
-                        ])
-                        .to_owned(),
-                    same_key: true,
+                        "HTTP 503 Service Unavailable"
+                    }
+                    .to_owned(),
+                    retry_after: busy.then(|| Duration::from_secs(self.rng.range(1, 10))),
                 }
             }
-            920..=959 => OperationCommand::Fail {
+            870..=914 => CallOutcome::Rejected {
                 reason: self
                     .rng
                     .pick(&[
@@ -862,25 +759,155 @@ impl Sim {
                     ])
                     .to_owned(),
             },
-            _ => OperationCommand::MarkForReconciliation {
-                reason: "timed out after the request left; the service has no lookup".to_owned(),
+            _ => CallOutcome::Unknown {
+                reason: "timed out after the request left".to_owned(),
             },
         };
-        let Some(events) = self.decide_op(op, &[command], self.worker(op)) else {
-            return;
+        let now = self.now();
+        let view = &self.ops[op].view;
+        let operation_id = self.ops[op].received().operation_id.to_string();
+        let claims = view.state.claims;
+        let retry_at = |asked: Option<Duration>| {
+            let delay = self.worker.backoff.delay(&operation_id, claims, asked);
+            now + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX)
         };
-        match events.first() {
-            Some(OperationEvent::RetryScheduled(retry)) => {
-                let wait = (retry.at - now).num_seconds().max(1) as u64;
-                self.at(wait, Step::Claim(op));
+        let command = match worker::answered(answer, retry_at) {
+            Ok(command) => command,
+            Err(reason) => {
+                let effector = &self.effectors[action.as_str()];
+                let resolution = if effector.honours_idempotency_key() {
+                    Resolution::KeyHonoured
+                } else if effector.has_lookup() {
+                    Resolution::Lookup(match self.rng.next() % 20 {
+                        0..=7 => LookupOutcome::Found(success(&action, n)),
+                        8..=17 => LookupOutcome::Failed {
+                            reason: "HTTP 503 from the lookup".to_owned(),
+                        },
+                        _ => LookupOutcome::Absent,
+                    })
+                } else {
+                    Resolution::Lookup(LookupOutcome::Unsupported)
+                };
+                worker::unknown_outcome(reason, resolution, retry_at(None))
             }
-            Some(OperationEvent::MarkedForReconciliation(_)) => {
-                let wait = self.rng.range(60, 900);
-                self.at(wait, Step::Reconcile(op));
+        };
+        let worker = self.ops[op].worker;
+        if let Some(earlier) = self.pending.insert(worker, Pending { op, command }) {
+            self.flush(earlier);
+        }
+    }
+
+    /// An operator's decision about `op`, waiting for reconciliation.
+    fn reconcile(&mut self, op: usize) {
+        let operator = self.rng.pick(&OPERATORS);
+        let outcome = match self.rng.next() % 10 {
+            0..=6 => ReconcileOutcome::Succeeded,
+            7 | 8 => ReconcileOutcome::Failed,
+            _ => ReconcileOutcome::Retry,
+        };
+        let n = self.next_result;
+        self.next_result += 1;
+        let decision = Reconciled {
+            outcome,
+            external_id: (outcome == ReconcileOutcome::Succeeded)
+                .then(|| success(&self.ops[op].received().action, n).external_id)
+                .flatten(),
+            operator: operator.to_owned(),
+            note: match outcome {
+                ReconcileOutcome::Succeeded => "found it in the shop's admin panel",
+                ReconcileOutcome::Failed => "the shop has no record of it",
+                ReconcileOutcome::Retry => "not done; the shop asks us to send it again",
             }
-            _ => {
-                let wait = self.rng.range(1, 3);
-                self.at(wait, Step::StartReply(op));
+            .to_owned(),
+        };
+        let o = &self.ops[op];
+        let operation_id = o.received().operation_id.to_string();
+        let mut changes = Changes::default();
+        let status = worker::stage_resolution(
+            &mut changes,
+            &o.stream,
+            &o.view,
+            &operation_id,
+            &decision,
+            self.now(),
+        )
+        .unwrap_or_else(|refusal| panic!("an operator's decision was refused: {refusal:?}"));
+        let view = after(&changes, &o.stream, o.view.clone());
+        if !self.push(changes) {
+            return;
+        }
+        self.ops[op].view = view;
+        if status == Status::RetryScheduled {
+            self.at(1, Step::Claim(op));
+        } else {
+            let wait = self.rng.range(1, 3);
+            self.at(wait, Step::StartReply(op));
+        }
+    }
+
+    /// What `sendMessage` answered, as the worker records it.
+    fn finish_reply(&mut self, op: usize) {
+        let sent = match self.rng.next() % 100 {
+            0..=96 => Ok(self.rng.range(1, 1_000_000) as i64),
+            97 | 98 => Err(BotApiError::RetryAfter {
+                method: "sendMessage",
+                seconds: self.rng.range(1, 30),
+            }),
+            _ => Err(BotApiError::Timeout {
+                method: "sendMessage",
+            }),
+        };
+        let now = self.now();
+        let command = worker::reply_outcome(sent, &self.ops[op].view.state, now);
+        let again = match &command {
+            OperationCommand::RecordReplyFailed {
+                retry_at: Some(at), ..
+            } => Some(self.ticks_until(*at)),
+            _ => None,
+        };
+        if self.commit(op, &[command])
+            && let Some(wait) = again
+        {
+            self.at(wait, Step::StartReply(op));
+        }
+    }
+
+    fn step(&mut self, step: Step) {
+        match step {
+            Step::Claim(op) => self.claim(op),
+            Step::Send(op) => {
+                let worker = self.ops[op].worker.to_owned();
+                if self.commit(op, &[OperationCommand::RecordCallSent { worker }]) {
+                    let wait = self.rng.range(1, 4);
+                    self.at(wait, Step::Outcome(op));
+                }
+            }
+            Step::Outcome(op) => self.outcome(op),
+            Step::Reconcile(op) => self.reconcile(op),
+            Step::StartReply(op) => {
+                if self.commit(op, &[OperationCommand::StartReply]) {
+                    let wait = self.rng.range(1, 2);
+                    self.at(wait, Step::FinishReply(op));
+                }
+            }
+            Step::FinishReply(op) => self.finish_reply(op),
+            Step::Redeliver {
+                bot,
+                raw,
+                stream,
+                delivery,
+            } => {
+                let update = parse_update(&raw).expect("a generated update parses");
+                let arrival = Arrival {
+                    bot,
+                    update: &update,
+                    raw: &raw,
+                    now: self.now(),
+                };
+                let snapshot = Snapshot::assuming_new().with(stream, delivery);
+                let (decided, changes) = self.decide(&arrival, &snapshot);
+                debug_assert_eq!(decided, Decided::Duplicate);
+                self.push(changes);
             }
         }
     }

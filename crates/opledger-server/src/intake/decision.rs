@@ -9,6 +9,12 @@
 //! gives its operation the guard's epoch, and a button click consumes its token and starts the
 //! token's action. Then the delivery is decided, once, with the operation the route started or
 //! joined, and staged first: `UpdateReceived` comes before everything it led to.
+//!
+//! Public so that a caller which batches its own appends (the rebuild benchmark's generator)
+//! records updates with the very decision [`super::Intake::record`] runs: [`Rules`] from the
+//! configuration, an [`Arrival`], a [`Snapshot`] of the streams' states and [`Changes`] in;
+//! [`decide`] stages the appends and answers what the update [`Decided`]. [`quarantine`] is the
+//! same for a body that is not an update. No I/O here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -130,7 +136,7 @@ fn stream_id(id: Result<String, IdError>) -> Result<StreamId, Undecided<IntakeRe
 
 /// What intake decides with besides the update: the configuration's routes and policies.
 #[derive(Debug)]
-pub(super) struct Rules {
+pub struct Rules {
     /// Each bot's actions by command.
     commands: HashMap<String, HashMap<String, Arc<ActionConfig>>>,
     /// Every action by name: a button's token names the action its click starts.
@@ -142,7 +148,8 @@ pub(super) struct Rules {
 }
 
 impl Rules {
-    pub(super) fn new(config: &Config) -> Self {
+    /// The routes and policies of `config`.
+    pub fn new(config: &Config) -> Self {
         let actions: HashMap<String, Arc<ActionConfig>> = config
             .actions
             .iter()
@@ -169,7 +176,7 @@ impl Rules {
     }
 
     /// Whether `bot` is configured.
-    pub(super) fn serves(&self, bot: &str) -> bool {
+    pub fn serves(&self, bot: &str) -> bool {
         self.commands.contains_key(bot)
     }
 
@@ -215,12 +222,12 @@ impl Rules {
 
 /// One parsed update, arriving for `bot` at `now`.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Arrival<'a> {
-    pub(super) bot: &'a str,
-    pub(super) update: &'a Update,
+pub struct Arrival<'a> {
+    pub bot: &'a str,
+    pub update: &'a Update,
     /// The body as received; the ledger keeps it only when the operator opted in.
-    pub(super) raw: &'a [u8],
-    pub(super) now: DateTime<Utc>,
+    pub raw: &'a [u8],
+    pub now: DateTime<Utc>,
 }
 
 impl Arrival<'_> {
@@ -251,7 +258,7 @@ impl Arrival<'_> {
 
 /// What an update decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Decided {
+pub enum Decided {
     /// A new update (or its id reused after the retention window: a new epoch), and its route.
     Accepted { epoch: u32, route: Route },
     /// The same update again within the retention window: noted.
@@ -261,7 +268,7 @@ pub(super) enum Decided {
 }
 
 /// Decides what `arrival` appends, staging it in `changes`.
-pub(super) fn decide(
+pub fn decide(
     rules: &Rules,
     arrival: &Arrival<'_>,
     snapshot: &Snapshot,
@@ -657,7 +664,7 @@ impl StreamState for IssuedToken {
 
 /// Stages what the ledger keeps of a body that is not an update (its digest and size, never
 /// the body), as a note on the bot's quarantine stream; returns the reason.
-pub(super) fn quarantine(
+pub fn quarantine(
     bot: &str,
     quarantine: &Quarantine,
     now: DateTime<Utc>,

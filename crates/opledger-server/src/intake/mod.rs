@@ -8,7 +8,7 @@
 //! there and decides again; never a second operation. What comes back ([`Receipt`]) carries what
 //! the webhook and the poller need of the parsed update, so nobody parses it again.
 
-mod decision;
+pub mod decision;
 #[cfg(test)]
 mod tests;
 
