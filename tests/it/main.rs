@@ -10,6 +10,7 @@ mod crash;
 mod edge;
 mod fixtures;
 mod intake;
+mod ledger_file;
 mod polling;
 mod postgres;
 mod projections;
