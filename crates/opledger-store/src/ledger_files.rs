@@ -15,6 +15,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::StoreError;
 
@@ -39,6 +40,8 @@ pub(crate) struct LedgerFiles {
     files: Vec<(PathBuf, Identity)>,
     /// The first loss found; it stays, since the store cannot get the file back by itself.
     lost: OnceLock<StoreError>,
+    /// Set when the store closes: SQLite then deletes the log itself, and appends fail anyway.
+    closed: AtomicBool,
 }
 
 impl LedgerFiles {
@@ -57,6 +60,7 @@ impl LedgerFiles {
         Ok(Self {
             files,
             lost: OnceLock::new(),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -65,6 +69,9 @@ impl LedgerFiles {
     pub(crate) fn check(&self) -> Result<(), StoreError> {
         if let Some(lost) = self.lost.get() {
             return Err(lost.clone());
+        }
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(());
         }
         for (path, opened) in &self.files {
             let change = match identity(path) {
@@ -84,6 +91,11 @@ impl LedgerFiles {
             return Err(self.lost.get_or_init(|| error).clone());
         }
         Ok(())
+    }
+
+    /// The store is closing: its files are no longer watched (a loss found before stays).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
     }
 }
 

@@ -156,6 +156,7 @@ impl SqliteStore {
     /// with [`StoreError::Closed`].
     pub async fn close(&self) {
         self.inner.appender.close().await;
+        self.inner.files.close();
         self.inner.checkpointer.abort();
         self.inner.readers.close().await;
         self.inner.projections.close().await;
