@@ -12,6 +12,7 @@ mod edge;
 mod fixtures;
 mod hostile_text;
 mod intake;
+mod ledger_file;
 mod operations_api;
 mod polling;
 mod postgres;

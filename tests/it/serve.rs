@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::support::app::{Backend, COUPON, Ledger, SECRET, TOKEN, TestApp, config, message};
 use crate::support::fake_telegram::{FakeMode, FakeTelegram, FakeWebhook};
-use crate::support::serving::{PATIENCE, Serving, opledger, run, write_config};
+use crate::support::serving::{PATIENCE, Serving, ledger_events, opledger, run, write_config};
 use crate::support::{sqlite_url, stderr, stdout};
 
 /// A bot token that must never appear in any output or in the ledger.
@@ -355,23 +355,6 @@ fn assert_clean(place: &str, output: &str, text: bool) {
             "{place} contains message text:\n{output}"
         );
     }
-}
-
-/// `opledger events --json` of a SQLite ledger, as parsed lines and as text.
-async fn ledger_events(ledger: &Path) -> (Vec<Value>, String) {
-    let mut command = opledger(&[]);
-    command
-        .arg("--database-url")
-        .arg(sqlite_url(ledger))
-        .args(["events", "--json"]);
-    let output = run(command).await;
-    assert!(output.status.success(), "{}", stderr(&output));
-    let text = stdout(&output);
-    let lines = text
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect();
-    (lines, text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -215,7 +215,14 @@ async fn follow(shared: Arc<Shared>, projection: Arc<dyn Projection>, mut rebuil
     let mut lock = Lock::default();
     let mut failures = 0u32;
     loop {
-        let outcome = drive(&shared, projection.as_ref(), &mut rebuild, &mut lock).await;
+        let outcome = drive(
+            &shared,
+            projection.as_ref(),
+            &mut rebuild,
+            &mut lock,
+            &mut failures,
+        )
+        .await;
         let pause = match outcome {
             Ok(Stop::LockLost) => {
                 tracing::warn!(
@@ -318,11 +325,13 @@ impl Lock {
 
 /// Runs one projection while this runner holds its lock: rebuilds it first if asked (and its
 /// active version still has another definition), then applies pages after its checkpoint.
+/// `failures` (the consecutive failures that set the backoff) is reset by every page applied.
 async fn drive(
     shared: &Shared,
     projection: &dyn Projection,
     rebuild: &mut bool,
     lock: &mut Lock,
+    failures: &mut u32,
 ) -> Result<Stop, ProjectorError> {
     let store = &shared.store;
     let options = &shared.options;
@@ -396,6 +405,7 @@ async fn drive(
                 txn.commit().await?;
                 active.position = position;
                 warned = false;
+                *failures = 0;
             }
             None => {
                 drop(txn);

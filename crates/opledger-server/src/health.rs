@@ -1,9 +1,10 @@
 //! `/healthz` and `/readyz`: whether the process is up, and whether it can serve.
 //!
 //! `/healthz` answers 200 as long as the process answers at all (a liveness probe: restart it
-//! when this fails). `/readyz` answers 200 only when the ledger's head can be read and no
-//! projection is stalled, and 503 with a JSON body listing what is wrong otherwise, also while
-//! the service shuts down (a readiness probe: send no traffic while this fails).
+//! when this fails). `/readyz` answers 200 only when the ledger's files are still the ones
+//! opened (SQLite: none deleted or replaced), its head can be read and no projection is stalled,
+//! and 503 with a JSON body listing what is wrong otherwise, also while the service shuts down
+//! (a readiness probe: send no traffic while this fails).
 //!
 //! A projection version is *stalled* when it is behind the head, its checkpoint has not moved
 //! for [`STALL_AFTER`], and the first event it has not applied has waited that long too. Lag
@@ -84,6 +85,10 @@ pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 /// What keeps the service from serving at `now`.
 async fn problems(store: &AnyStore, now: DateTime<Utc>) -> Vec<String> {
+    // A ledger file deleted or replaced still answers reads, from a file no one will open again.
+    if let Err(error) = store.check_files() {
+        return vec![error.to_string()];
+    }
     if let Err(error) = store.head().await {
         return vec![format!("storage unreachable: {error}")];
     }

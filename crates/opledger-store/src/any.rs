@@ -72,6 +72,15 @@ impl AnyStore {
         either!(map self, store => store.projection_pool())
     }
 
+    /// `Ok` unless a file of a SQLite ledger was deleted or replaced under this process (see
+    /// [`SqliteStore::check_files`]); PostgreSQL has no file to lose.
+    pub fn check_files(&self) -> Result<(), StoreError> {
+        match self {
+            Either::Sqlite(store) => store.check_files(),
+            Either::Postgres(_) => Ok(()),
+        }
+    }
+
     /// Commits what is queued and releases every connection.
     pub async fn close(&self) {
         either!(self, store => store.close().await)

@@ -1,6 +1,7 @@
 //! Typed errors of the event store. Each variant is named for what the caller does next:
 //! reload and decide again (`VersionConflict`), retry later (`Unavailable`), fix the request
-//! (`InvalidRequest`), or stop and investigate (`Storage`).
+//! (`InvalidRequest`), stop and investigate (`Storage`), or put the ledger's file back and
+//! restart (`LedgerFileLost`).
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -56,6 +57,20 @@ pub enum StoreError {
     /// The store was closed by its owner; open it again to continue.
     #[error("the event store is closed; open it again")]
     Closed,
+
+    /// A file of the SQLite ledger was deleted or replaced while this process had it open: an
+    /// append would go into a file no one will open again, so none is acknowledged any more
+    /// (the last one may have been written there, and was refused). Nothing helps but putting
+    /// the ledger back and restarting.
+    #[error(
+        "the ledger file {} was {change} while opledger had it open, so nothing more is acknowledged; put the ledger back and restart opledger (until then process {pid} still holds the old file under /proc/{pid}/fd)",
+        path.display()
+    )]
+    LedgerFileLost {
+        path: std::path::PathBuf,
+        change: &'static str,
+        pid: u32,
+    },
 }
 
 impl StoreError {

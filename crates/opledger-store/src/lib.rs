@@ -21,6 +21,7 @@ mod columns;
 mod error;
 mod group_commit;
 pub mod inline;
+mod ledger_files;
 mod model;
 pub mod postgres;
 mod read;

@@ -22,6 +22,7 @@ use crate::columns::{to_hash, to_i64, to_stream_id, to_u64};
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions};
 use crate::inline::InlineProjections;
+use crate::ledger_files::LedgerFiles;
 use crate::model::{AppendRequest, Appended, Head, StreamId, StreamVersion};
 use crate::read;
 use crate::store::{EventStore, HeadWatch};
@@ -78,6 +79,10 @@ struct Inner {
     projections: SqlitePool,
     appender: Appender,
     checkpointer: tokio::task::JoinHandle<()>,
+    files: Arc<LedgerFiles>,
+    /// A connection open for as long as the store: SQLite deletes the write-ahead log when the
+    /// last connection closes, and the files remembered must stay the ledger's own.
+    keeper: tokio::sync::Mutex<Option<SqliteConnection>>,
 }
 
 impl Drop for Inner {
@@ -105,6 +110,10 @@ impl SqliteStore {
         let head = read::read_head((&mut writer).into())
             .await
             .map_err(open_error)?;
+        let keeper = connect.connect().await.map_err(open_error)?;
+        let files = LedgerFiles::remember(connect.get_filename())
+            .map(Arc::new)
+            .map_err(|e| open_error(sqlx::Error::Io(e)))?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.read_connections.max(1))
             .connect_with(
@@ -119,6 +128,7 @@ impl SqliteStore {
         // transactions with the appender's (`BEGIN IMMEDIATE`, waiting up to `busy_timeout`).
         let projections = SqlitePoolOptions::new()
             .max_connections(2)
+            .after_release(|connection, _| Box::pin(ended_cleanly(connection)))
             .connect_lazy_with(connect.clone().create_if_missing(false));
         let checkpointer = tokio::spawn(checkpoint(connect.clone()));
         let writer = SqliteWriter {
@@ -126,6 +136,7 @@ impl SqliteStore {
             connect: connect.pragma("wal_autocheckpoint", "0"),
             connection: Some(writer),
             inline: options.inline,
+            files: Arc::clone(&files),
         };
         let (head, _) = tokio::sync::watch::channel(head.position);
         let appender = Appender::spawn(writer, head, options.group_commit);
@@ -135,6 +146,8 @@ impl SqliteStore {
                 projections,
                 appender,
                 checkpointer,
+                files,
+                keeper: tokio::sync::Mutex::new(Some(keeper)),
             }),
         })
     }
@@ -143,9 +156,22 @@ impl SqliteStore {
     /// with [`StoreError::Closed`].
     pub async fn close(&self) {
         self.inner.appender.close().await;
+        self.inner.files.close();
         self.inner.checkpointer.abort();
         self.inner.readers.close().await;
         self.inner.projections.close().await;
+        if let Some(keeper) = self.inner.keeper.lock().await.take()
+            && let Err(error) = keeper.close().await
+        {
+            tracing::debug!(%error, "closing the SQLite keeper connection failed");
+        }
+    }
+
+    /// `Ok` while the ledger's files (database, WAL, shared memory) are still the ones this
+    /// store opened; [`StoreError::LedgerFileLost`] once one was deleted or replaced (see
+    /// `ledger_files.rs`). Appends check it themselves; readiness probes ask.
+    pub fn check_files(&self) -> Result<(), StoreError> {
+        self.inner.files.check()
     }
 
     /// The read pool (`query_only` connections), for read models that live in the same file.
@@ -165,15 +191,51 @@ impl SqliteStore {
     }
 }
 
+/// Whether a connection given back to the projection pool may be used again: only if its last
+/// transaction really ended. On a full disk or an I/O error SQLite rolls a transaction back by
+/// itself, so the driver's own `ROLLBACK` fails and the driver still counts the transaction as
+/// open: every later `BEGIN` on that connection would fail ("non-zero transaction depth") until
+/// a restart. Such a connection is closed instead, and the pool opens a fresh one.
+async fn ended_cleanly(connection: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    // The rollback of a transaction dropped without commit is queued on the connection; the
+    // ping runs after it.
+    connection.ping().await?;
+    let open = connection.is_in_transaction();
+    if open {
+        tracing::debug!("a projection connection's transaction did not end; closing it");
+    }
+    Ok(!open)
+}
+
 /// How often the checkpointer copies committed WAL frames into the database file.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The log's length (in frames, pages of the database) from which the checkpointer makes sure
+/// the log restarts from its beginning (SQLite's own automatic checkpoints use the same number).
+const RESTART_AFTER_FRAMES: i64 = 1_000;
+
+/// A log longer than this (bytes) is cut back to it when it restarts, so that a burst does not
+/// keep its disk space for good (four times the log [`RESTART_AFTER_FRAMES`] keeps at 4 KiB pages).
+const WAL_SIZE_LIMIT: u64 = 16 * 1024 * 1024;
+
+/// How long a restarting checkpoint may hold new writers back while it waits for readers.
+const RESTART_WAIT: Duration = Duration::from_millis(200);
 
 /// Checkpoints the WAL on its own connection, so that no append waits for a checkpoint: with
 /// SQLite's automatic checkpoints, the commit that crosses the threshold copies every page back
 /// and syncs the database file before it returns, a stall of many milliseconds. A `PASSIVE`
-/// checkpoint never blocks writers or readers; the writer restarts the WAL from its beginning once
-/// it is fully checkpointed.
+/// checkpoint never blocks writers or readers, and the next writer restarts the WAL from its
+/// beginning once it is fully checkpointed.
+///
+/// Under a steady stream of writes that next writer is often one that was already waiting for
+/// the lock with an older snapshot, which cannot restart the log; it then grows for as long as
+/// the writes go on (after a full disk was freed, until the disk is full again). So once the
+/// log is [`RESTART_AFTER_FRAMES`] long, the checkpointer asks for a `RESTART` checkpoint,
+/// which holds new writers back (at most [`RESTART_WAIT`]) until the readers are done with the
+/// log, so that the next writer starts it over. Any failure (a full disk, I/O) drops the
+/// connection; the next round opens a new one.
 async fn checkpoint(connect: SqliteConnectOptions) {
+    let connect = connect.busy_timeout(RESTART_WAIT);
     let mut connection = None;
     loop {
         tokio::time::sleep(CHECKPOINT_INTERVAL).await;
@@ -183,11 +245,33 @@ async fn checkpoint(connect: SqliteConnectOptions) {
         let Some(open) = connection.as_mut() else {
             continue;
         };
-        if let Err(error) = open.execute("PRAGMA wal_checkpoint(PASSIVE)").await {
+        if let Err(error) = checkpoint_once(open).await {
             tracing::debug!(%error, "WAL checkpoint failed; reconnecting");
             connection = None;
         }
     }
+}
+
+/// One round of [`checkpoint`]: `PASSIVE`, then `RESTART` if the log is long.
+async fn checkpoint_once(connection: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    // (busy, frames in the log, frames checkpointed)
+    let (_, frames, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+        .fetch_one(&mut *connection)
+        .await?;
+    if frames >= RESTART_AFTER_FRAMES {
+        let (busy, frames, done): (i64, i64, i64) =
+            sqlx::query_as("PRAGMA wal_checkpoint(RESTART)")
+                .fetch_one(&mut *connection)
+                .await?;
+        if busy != 0 {
+            tracing::debug!(
+                frames,
+                done,
+                "the WAL could not be restarted yet; trying again"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Applies the embedded migrations to an open connection, mapping "the database has migrations
@@ -237,6 +321,7 @@ fn connect_options(url: &str, options: &SqliteOptions) -> Result<SqliteConnectOp
             Durability::Normal => SqliteSynchronous::Normal,
         })
         .busy_timeout(options.busy_timeout)
+        .pragma("journal_size_limit", WAL_SIZE_LIMIT.to_string())
         .foreign_keys(true))
 }
 
@@ -316,10 +401,14 @@ struct SqliteWriter {
     /// and closing it rolls back whatever the failed batch had begun.
     connection: Option<SqliteConnection>,
     inline: InlineProjections,
+    files: Arc<LedgerFiles>,
 }
 
 impl BatchWriter for SqliteWriter {
     async fn write(&mut self, calls: &[Vec<AppendRequest>]) -> Result<BatchOutcome, StoreError> {
+        // Never write into a file that is no longer the ledger, nor acknowledge a batch that
+        // went into one (deleted or replaced while it committed).
+        self.files.check()?;
         let connection = match &mut self.connection {
             Some(connection) => connection,
             None => {
@@ -336,7 +425,9 @@ impl BatchWriter for SqliteWriter {
             // The transaction may be open; dropping the connection rolls it back.
             self.connection = None;
         }
-        result
+        let outcome = result?;
+        self.files.check()?;
+        Ok(outcome)
     }
 
     async fn close(mut self) {

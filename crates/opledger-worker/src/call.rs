@@ -15,12 +15,16 @@ use opledger_config::ActionConfig;
 use opledger_domain::operation::{Confirmed, ConfirmedVia, OperationCommand, Status};
 use opledger_domain::text::Redactor;
 use opledger_domain::{EventMetadata, Rejection};
-use opledger_ledger::{Changes, Snapshot, Undecided};
-use opledger_store::StreamId;
+use opledger_ledger::{Changes, Snapshot, Undecided, UnitError};
+use opledger_store::{StoreError, StreamId};
 
 use crate::backoff::Backoff;
 use crate::effector::{CallOutcome, EffectRequest, Effector, LookupOutcome, Success};
 use crate::handle::{Applied, Handle, Operations, StepError, View, stage, stage_outcome};
+
+/// How long a call's outcome is retried while storage fails before the worker gives it up to
+/// the sweep (see [`Calls::flush`]).
+const FLUSH_PATIENCE: Duration = Duration::from_secs(60);
 
 /// One configured action as the worker runs it.
 #[derive(Debug, Clone)]
@@ -146,7 +150,16 @@ impl Calls {
             )
             .knowing(handle.stream().clone(), handle.view().clone())
             .run(|snapshot, changes| decision.decide(snapshot, changes))
-            .await?;
+            .await;
+        let committed = match committed {
+            Ok(committed) => committed,
+            Err(error) => {
+                // The outcome must not be lost with the claim: the call happened. It is
+                // recorded on its own (retried while storage recovers); the claim is not.
+                self.flush(pending).await;
+                return Err(error.into());
+            }
+        };
         let (refused, claimed) = committed.value;
         if let Some(rejection) = refused {
             warn_refused(&pending.handle, &rejection);
@@ -174,15 +187,38 @@ impl Calls {
         self.record(handle, &command).await
     }
 
-    /// Commits a call's outcome on its own; failures are logged (the lease then runs out and
-    /// the unknown-outcome path applies).
+    /// Commits a call's outcome on its own. Storage that fails for a while (a full disk, a
+    /// restarting server) is waited out for up to [`FLUSH_PATIENCE`], with growing pauses: the
+    /// call happened, and its outcome is worth more than the task's time. Only then, or when the
+    /// store is closing, is the failure logged; the lease then runs out and the unknown-outcome
+    /// path applies.
     pub(crate) async fn flush(&self, mut pending: Pending) {
-        if let Err(error) = self.record(&mut pending.handle, &pending.command).await {
-            tracing::warn!(
-                operation_id = %pending.handle.received().operation_id,
-                %error,
-                "a call's outcome could not be recorded; the operation will be swept"
+        let started = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let error = match self.record(&mut pending.handle, &pending.command).await {
+                Ok(()) => return,
+                Err(error) => error,
+            };
+            // Only what passes by itself: a store that is closing, or whose ledger file is gone,
+            // does not come back in this process.
+            let retryable = matches!(
+                &error,
+                StepError::Commit(
+                    UnitError::Contended { .. } | UnitError::Store(StoreError::Unavailable { .. })
+                )
             );
+            if !retryable || started.elapsed() + pause > FLUSH_PATIENCE {
+                tracing::warn!(
+                    operation_id = %pending.handle.received().operation_id,
+                    %error,
+                    "a call's outcome could not be recorded; the operation will be swept"
+                );
+                return;
+            }
+            tracing::debug!(%error, "recording a call's outcome again after a storage failure");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
         }
     }
 

@@ -9,10 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 use crate::support::app::Ledger;
 use crate::support::fake_service::FakeService;
 use crate::support::fake_telegram::FakeTelegram;
-use crate::support::opledger_bin;
+use crate::support::{opledger_bin, sqlite_url, stderr, stdout};
 
 /// How long a condition may take before the test fails.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
@@ -119,6 +121,11 @@ impl Serving {
         self.stderr.lock().expect("not poisoned").clone()
     }
 
+    /// Whether the process is still running.
+    pub(crate) fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Waits for a stdout line containing `needle`; `Err` with the exit status if the process
     /// ended first.
     pub(crate) async fn line(&mut self, needle: &str) -> Result<String, ExitStatus> {
@@ -201,4 +208,21 @@ impl Drop for Serving {
             let _ = self.child.wait();
         }
     }
+}
+
+/// `opledger events --json` of a SQLite ledger, as parsed lines and as text.
+pub(crate) async fn ledger_events(ledger: &Path) -> (Vec<Value>, String) {
+    let mut command = opledger(&[]);
+    command
+        .arg("--database-url")
+        .arg(sqlite_url(ledger))
+        .args(["events", "--json"]);
+    let output = run(command).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    (lines, text)
 }

@@ -192,9 +192,9 @@ impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
             // The store's own message ends with what to do ("retry later", "open it again").
-            StoreError::Unavailable { .. } | StoreError::Closed => {
-                ApiError::Unavailable(error.to_string())
-            }
+            StoreError::Unavailable { .. }
+            | StoreError::Closed
+            | StoreError::LedgerFileLost { .. } => ApiError::Unavailable(error.to_string()),
             other => ApiError::Internal(other.to_string()),
         }
     }

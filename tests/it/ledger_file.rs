@@ -1,0 +1,481 @@
+//! The SQLite ledger's files under a running `opledger serve` (issue 15 D4, D9, item 3), driven
+//! as the real binary:
+//! - a disk that fills and frees again: while it is full deliveries get 503; once space is
+//!   freed the same process accepts updates again, its projections and worker catch up, and its
+//!   write-ahead log is checkpointed and restarted rather than growing until the disk is full
+//!   again (it runs on a small tmpfs of its own, so it needs `mount`: root, as in CI);
+//! - the ledger file deleted or replaced: no update is acknowledged into a file that is no
+//!   longer the ledger, `/readyz` says which file, and after a restart nothing acknowledged is
+//!   missing.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::app::{SECRET, TOKEN, message_from};
+use crate::support::fake_telegram::FakeTelegram;
+use crate::support::serving::{PATIENCE, Serving, ledger_events, opledger, write_config};
+use crate::support::{sqlite_url, stderr};
+
+/// A configuration with the ledger at `ledger`, one webhook bot whose Bot API is `api`, and an
+/// action without an effector (the worker confirms it at once, then replies).
+fn config(dir: &Path, ledger: &Path, api: &str) -> PathBuf {
+    write_config(
+        dir,
+        "opledger.toml",
+        &format!(
+            "[storage]\nurl = \"{url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+             [[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_TOKEN\"\n\
+             webhook_secret_env = \"SHOP_SECRET\"\napi_base_url = \"{api}\"\n\
+             [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
+             params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n",
+            url = sqlite_url(ledger),
+        ),
+    )
+}
+
+/// `opledger serve` with the configuration at `config`.
+fn serve(config: &Path) -> Serving {
+    let config = config.to_str().expect("a UTF-8 path");
+    Serving::start(opledger(&[
+        ("OPLEDGER_CONFIG", config),
+        ("SHOP_TOKEN", TOKEN),
+        ("SHOP_SECRET", SECRET),
+        ("OPLEDGER_TEST_WORKER_MS", "50"),
+    ]))
+}
+
+/// Update `id`: `/coupon c<id>` from its own user, in its own chat (so replies are not paced).
+fn update(id: i64) -> Vec<u8> {
+    message_from(id, 1_790_000_000, 10_000 + id, &format!("/coupon c{id}"))
+}
+
+/// POSTs update `id` as Telegram does and returns the status (0 when no answer came).
+async fn deliver(http: &reqwest::Client, address: SocketAddr, id: i64) -> u16 {
+    http.post(format!("http://{address}/telegram/shop/webhook"))
+        .header("content-type", "application/json")
+        .header("x-telegram-bot-api-secret-token", SECRET)
+        .body(update(id))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_or(0, |response| response.status().as_u16())
+}
+
+/// `/readyz`: its status and its problems.
+async fn readyz(http: &reqwest::Client, address: SocketAddr) -> (u16, Vec<String>) {
+    let response = http
+        .get(format!("http://{address}/readyz"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .expect("/readyz answers");
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("a JSON body");
+    let problems = body["problems"]
+        .as_array()
+        .expect("a list of problems")
+        .iter()
+        .map(|p| p.as_str().expect("a sentence").to_owned())
+        .collect();
+    (status, problems)
+}
+
+/// The samples of `/metrics` whose name is `name`, as (labels, value).
+async fn samples(http: &reqwest::Client, address: SocketAddr, name: &str) -> Vec<(String, f64)> {
+    let text = http
+        .get(format!("http://{address}/metrics"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .expect("a text body");
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let labels = series.strip_prefix(name)?;
+            (labels.is_empty() || labels.starts_with('{'))
+                .then(|| (labels.to_owned(), value.parse().expect("a number")))
+        })
+        .collect()
+}
+
+/// The update ids the ledger at `ledger` recorded (`UpdateReceived`).
+async fn recorded_updates(ledger: &Path) -> BTreeSet<i64> {
+    let (events, _) = ledger_events(ledger).await;
+    events
+        .iter()
+        .filter(|event| event["event_type"] == "UpdateReceived")
+        .map(|event| {
+            event["payload"]["update_id"]
+                .as_i64()
+                .expect("an update id")
+        })
+        .collect()
+}
+
+/// A tmpfs of `size` mounted on a fresh directory, unmounted when dropped.
+struct Tmpfs {
+    mount: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts it, or returns `None` after saying why on stderr where mounting is impossible
+    /// (not root, no `mount`); under CI that is a failure, since CI runs as root.
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mount = dir.path().join("disk");
+        std::fs::create_dir(&mount).expect("the mount point");
+        let done = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mount)
+            .output();
+        let why = match done {
+            Ok(output) if output.status.success() => {
+                return Some(Tmpfs { mount, _dir: dir });
+            }
+            Ok(output) => stderr(&output),
+            Err(error) => error.to_string(),
+        };
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "cannot mount a tmpfs under CI (it runs as root): {why}"
+        );
+        eprintln!("SKIPPED: cannot mount a tmpfs for the full-disk test (run as root): {why}");
+        None
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazily, so that a failing test whose process still holds files cannot leave it.
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+    }
+}
+
+/// Fills the file system holding `path` with one file there, until no byte more fits.
+fn fill(path: &Path) {
+    let mut file = std::fs::File::create(path).expect("create the filler");
+    let chunk = vec![0u8; 64 * 1024];
+    let mut size = chunk.len();
+    while size > 0 {
+        match file.write(&chunk[..size]) {
+            Ok(0) => size /= 2,
+            Ok(_) => {}
+            Err(error) if error.raw_os_error() == Some(28) => size /= 2, // ENOSPC
+            Err(error) => panic!("filling the disk: {error}"),
+        }
+    }
+    let _ = file.sync_all();
+}
+
+/// The WAL header's checkpoint sequence and first salt: both change whenever SQLite restarts
+/// the log from its beginning (after a complete checkpoint).
+fn wal_generation(wal: &Path) -> [u8; 8] {
+    let header = std::fs::read(wal).expect("read the WAL");
+    header[12..20].try_into().expect("a WAL header")
+}
+
+/// Waits until `check` holds, or fails with `what` and the service's log.
+async fn eventually<F: std::future::Future<Output = Result<(), String>>>(
+    serving: &Serving,
+    what: &str,
+    patience: Duration,
+    check: impl Fn() -> F,
+) {
+    let deadline = Instant::now() + patience;
+    loop {
+        let outcome = check().await;
+        match outcome {
+            Ok(()) => return,
+            Err(state) if Instant::now() > deadline => {
+                let log = serving.stderr();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                panic!(
+                    "{what} within {} s: {state}\nlast lines of the log, newest first:\n{}",
+                    patience.as_secs(),
+                    tail.join("\n")
+                );
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_that_fills_and_frees_again_is_survived_without_a_restart() {
+    let Some(disk) = Tmpfs::mount("24m") else {
+        return;
+    };
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let config_dir = tempfile::tempdir().expect("temporary directory");
+    let ledger = disk.mount.join("ledger.db");
+    let wal = disk.mount.join("ledger.db-wal");
+    let config = config(config_dir.path(), &ledger, &telegram.base_url());
+    let mut serving = serve(&config);
+    let address = serving.address().await;
+    let http = reqwest::Client::new();
+    let mut acknowledged = BTreeSet::new();
+    let mut next = 1i64;
+
+    // A working service first.
+    for _ in 0..50 {
+        assert_eq!(deliver(&http, address, next).await, 200, "update {next}");
+        acknowledged.insert(next);
+        next += 1;
+    }
+
+    // The disk fills up: deliveries are refused (503, never anything else) once the ledger
+    // cannot grow, and the projections and the worker, which write too, fail meanwhile.
+    let filler = disk.mount.join("filler");
+    fill(&filler);
+    let mut refused = Vec::new();
+    let full_since = Instant::now();
+    while refused.len() < 20 || full_since.elapsed() < Duration::from_secs(2) {
+        assert!(
+            next < 10_000,
+            "the ledger kept accepting updates on a full disk"
+        );
+        match deliver(&http, address, next).await {
+            200 => {
+                acknowledged.insert(next);
+            }
+            503 => refused.push(next),
+            other => panic!("update {next} on a full disk got {other}, not 200 or 503"),
+        }
+        next += 1;
+    }
+
+    // Space is freed: the same process accepts updates again, Telegram's retries included.
+    std::fs::remove_file(&filler).expect("free the disk");
+    let first = next;
+    next += 1;
+    let freed = Instant::now();
+    while deliver(&http, address, first).await != 200 {
+        assert!(
+            freed.elapsed() < PATIENCE,
+            "no update accepted {} s after the disk was freed; log: {}",
+            PATIENCE.as_secs(),
+            serving.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    acknowledged.insert(first);
+    for id in refused {
+        assert_eq!(
+            deliver(&http, address, id).await,
+            200,
+            "retried update {id}"
+        );
+        acknowledged.insert(id);
+    }
+    // A lot more traffic than the log holds: it must be restarted (after checkpoints), not
+    // grown until the disk is full again.
+    let disk_size = 24 * 1024 * 1024;
+    for _ in 0..400 {
+        assert_eq!(deliver(&http, address, next).await, 200, "update {next}");
+        acknowledged.insert(next);
+        next += 1;
+        let size = std::fs::metadata(&wal).expect("the WAL").len();
+        // Bounded: a log that grew on would fill the disk again (the defect). Under a loaded
+        // machine the checkpointer may restart it late, so the bound is not tight.
+        assert!(
+            size < disk_size * 3 / 4,
+            "the WAL grew to {size} bytes after the disk was freed"
+        );
+    }
+
+    // Everything catches up: the projections (lag 0, ready) and the worker (every operation
+    // confirmed).
+    let operations = acknowledged.len() as f64;
+    let client = &http;
+    eventually(
+        &serving,
+        "the projections and the worker did not catch up",
+        Duration::from_secs(90),
+        move || async move {
+            let lags = samples(client, address, "opledger_projection_lag_events").await;
+            let states = samples(client, address, "opledger_operations").await;
+            let count = |state: &str| {
+                states
+                    .iter()
+                    .find(|(labels, _)| labels.contains(&format!("\"{state}\"")))
+                    .map_or(0.0, |(_, n)| *n)
+            };
+            // Every operation settled. An outcome whose commit failed on the full disk is
+            // recorded again once the disk has room (the worker retries it for a minute); if
+            // the lease ran out first, the sweep decided on an unknown outcome meanwhile, and
+            // the late outcome is kept for the audit trail.
+            let settled = count("confirmed") + count("failed");
+            let (ready, problems) = readyz(client, address).await;
+            if lags.iter().all(|(_, lag)| *lag == 0.0)
+                && !lags.is_empty()
+                && settled == operations
+                && ready == 200
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "lags {lags:?}, operations {states:?} (want {operations} confirmed or failed), \
+                     /readyz {ready} {problems:?}"
+                ))
+            }
+        },
+    )
+    .await;
+
+    // Quiet now: the log is checkpointed completely and restarted by the next write (nothing
+    // holds an old snapshot).
+    let before = wal_generation(&wal);
+    let restarted = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(deliver(&http, address, next).await, 200, "update {next}");
+        acknowledged.insert(next);
+        next += 1;
+        if wal_generation(&wal) != before {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < PATIENCE,
+            "the WAL was never restarted once the service was quiet"
+        );
+    }
+
+    // Nothing acknowledged is missing, and no process was restarted to get here.
+    assert!(serving.running(), "the same process served throughout");
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+    let recorded = recorded_updates(&ledger).await;
+    let missing: Vec<_> = acknowledged.difference(&recorded).collect();
+    assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
+}
+
+/// What happens to the ledger's files under the running service.
+#[derive(Debug, Clone, Copy)]
+enum Loss {
+    /// `rm ledger.db*`.
+    Deleted,
+    /// Only the write-ahead log is deleted: what it holds is gone at the next start.
+    WalDeleted,
+    /// A copy (a consistent backup) is renamed over the database, its old log and index
+    /// removed, as an operator restoring a backup would.
+    Replaced,
+}
+
+/// Delivers updates, loses the ledger's file as `loss` says, and checks that nothing is
+/// acknowledged any more, that `/readyz` names the file, and that after a restart every update
+/// acknowledged is in the ledger (the ones acknowledged before the loss only where the loss kept
+/// them) and Telegram's retries are recorded.
+async fn lost(loss: Loss) {
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ledger = dir.path().join("ledger.db");
+    let side = |suffix: &str| dir.path().join(format!("ledger.db{suffix}"));
+    let config = config(dir.path(), &ledger, &telegram.base_url());
+    let mut serving = serve(&config);
+    let address = serving.address().await;
+    let http = reqwest::Client::new();
+    for id in 1..=10 {
+        assert_eq!(deliver(&http, address, id).await, 200, "update {id}");
+    }
+
+    let lost_file = match loss {
+        Loss::Deleted => {
+            for suffix in ["", "-wal", "-shm"] {
+                std::fs::remove_file(side(suffix)).expect("delete a ledger file");
+            }
+            ledger.clone()
+        }
+        Loss::WalDeleted => {
+            std::fs::remove_file(side("-wal")).expect("delete the WAL");
+            side("-wal")
+        }
+        Loss::Replaced => {
+            use sqlx::{ConnectOptions, Executor};
+            let backup = dir.path().join("backup.db");
+            let mut connection = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&ledger)
+                .connect()
+                .await
+                .expect("open the ledger");
+            connection
+                .execute(sqlx::AssertSqlSafe(format!(
+                    "VACUUM INTO '{}'",
+                    backup.display()
+                )))
+                .await
+                .expect("back the ledger up");
+            drop(connection);
+            std::fs::remove_file(side("-wal")).expect("remove the old WAL");
+            std::fs::remove_file(side("-shm")).expect("remove the old index");
+            std::fs::rename(&backup, &ledger).expect("put the backup in place");
+            ledger.clone()
+        }
+    };
+
+    // Nothing is acknowledged any more, and readiness says which file is gone.
+    for id in 11..=30 {
+        assert_eq!(
+            deliver(&http, address, id).await,
+            503,
+            "update {id} after the ledger's file was {loss:?}"
+        );
+    }
+    let (status, problems) = readyz(&http, address).await;
+    assert_eq!(status, 503, "{problems:?}");
+    let named = lost_file.display().to_string();
+    assert!(
+        problems.iter().any(|p| p.contains(&named)),
+        "/readyz names {named}: {problems:?}"
+    );
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+
+    // After a restart Telegram's retries are recorded, and nothing acknowledged is missing.
+    let mut serving = serve(&config);
+    let address = serving.address().await;
+    for id in 11..=30 {
+        assert_eq!(
+            deliver(&http, address, id).await,
+            200,
+            "retried update {id}"
+        );
+    }
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+    let recorded = recorded_updates(&ledger).await;
+    let kept: BTreeSet<i64> = match loss {
+        // The deleted files took the first updates with them: the operator's loss.
+        Loss::Deleted => BTreeSet::new(),
+        // What the deleted log held but the database did not, went with it.
+        Loss::WalDeleted => recorded.iter().copied().filter(|id| *id <= 10).collect(),
+        Loss::Replaced => (1..=10).collect(),
+    };
+    let expected: BTreeSet<i64> = kept.into_iter().chain(11..=30).collect();
+    assert_eq!(
+        recorded, expected,
+        "the updates in the ledger after {loss:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_file_deleted_under_serve_stops_acknowledgements() {
+    lost(Loss::Deleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_ahead_log_deleted_under_serve_stops_acknowledgements() {
+    lost(Loss::WalDeleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_file_replaced_under_serve_stops_acknowledgements() {
+    lost(Loss::Replaced).await;
+}
