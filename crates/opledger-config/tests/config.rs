@@ -804,3 +804,25 @@ fn urls_the_parser_would_reinterpret_are_refused() {
         assert!(effector.url.host().is_some(), "{url}");
     }
 }
+
+/// Found by the `config` fuzz target: a value or key quoted from the file kept its line breaks
+/// and escape sequences, so the refusal was not one line.
+#[test]
+fn quoted_values_and_keys_keep_the_refusal_on_one_line() {
+    assert_eq!(
+        error("[server]\nlisten = \"a\\nb\\u001b[2J\"\n"),
+        "config key `server.listen`: `a\\u000ab\\u001b[2J` is not an IP address with a port; \
+         write e.g. \"127.0.0.1:8080\" (host names are not resolved)"
+    );
+    let unknown = error("[server]\n\"x\\ty\" = 1\n");
+    assert!(
+        unknown.starts_with("config key `server.x\\u0009y`: unknown key"),
+        "{unknown}"
+    );
+    for message in [
+        error("[server]\nlisten = \"a\\rb\"\n"),
+        error("[server]\n\"x\\u0085y\" = 1\n"),
+    ] {
+        assert!(!message.chars().any(char::is_control), "{message:?}");
+    }
+}
