@@ -9,6 +9,7 @@ mod conformance;
 mod crash;
 mod edge;
 mod fixtures;
+mod fuzz_corpus;
 mod intake;
 mod polling;
 mod postgres;

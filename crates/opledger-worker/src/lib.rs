@@ -24,6 +24,9 @@
 pub mod backoff;
 mod call;
 pub mod effector;
+/// Fuzz target bodies, shared with the corpus replay tests; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod handle;
 pub mod http;
 pub mod reconcile;
