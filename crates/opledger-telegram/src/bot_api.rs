@@ -220,17 +220,17 @@ fn is_false(value: &bool) -> bool {
 /// Telegram's answer envelope. Everything but `result` is read tolerantly, so that an odd error
 /// answer is still classified by its status.
 #[derive(Deserialize)]
-struct Envelope {
+pub(crate) struct Envelope {
     #[serde(default)]
-    ok: Option<Value>,
+    pub(crate) ok: Option<Value>,
     #[serde(default)]
-    result: Option<Box<RawValue>>,
+    pub(crate) result: Option<Box<RawValue>>,
     #[serde(default)]
-    error_code: Option<Value>,
+    pub(crate) error_code: Option<Value>,
     #[serde(default)]
-    description: Option<Value>,
+    pub(crate) description: Option<Value>,
     #[serde(default)]
-    parameters: Option<Value>,
+    pub(crate) parameters: Option<Value>,
 }
 
 impl BotApi {
