@@ -10,6 +10,7 @@ mod crash;
 mod echoed_secrets;
 mod edge;
 mod fixtures;
+mod fuzz_corpus;
 mod hostile_text;
 mod intake;
 mod ledger_file;

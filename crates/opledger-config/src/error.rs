@@ -43,10 +43,27 @@ impl ConfigError {
 
     pub(crate) fn key_problem(key: impl Into<String>, problem: impl Into<String>) -> Self {
         ConfigError::Key {
-            key: key.into(),
-            problem: problem.into(),
+            key: escape_controls(key.into()),
+            problem: escape_controls(problem.into()),
         }
     }
+}
+
+/// `text` with its control characters (line breaks, tabs, ESC, ...) written as `\uXXXX`: a value
+/// or key quoted from the file must not break the message's one line.
+pub(crate) fn escape_controls(text: String) -> String {
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            escaped.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped
 }
 
 /// Why a template's text was refused.

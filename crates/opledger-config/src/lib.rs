@@ -18,6 +18,9 @@
 
 mod config;
 mod error;
+/// Fuzz target bodies, shared with the corpus replay tests; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod raw;
 pub mod template;
 

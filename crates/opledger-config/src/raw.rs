@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_path_to_error::{Path, Segment};
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, escape_controls};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -145,7 +145,7 @@ fn syntax_error(text: &str, error: &toml::de::Error) -> ConfigError {
     ConfigError::Syntax {
         line,
         column,
-        problem: format!("invalid TOML: {message}; fix the file's syntax"),
+        problem: escape_controls(format!("invalid TOML: {message}; fix the file's syntax")),
     }
 }
 

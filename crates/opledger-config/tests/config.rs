@@ -884,6 +884,14 @@ fn api_clients_are_scoped_to_a_configured_bot_with_a_token_of_their_own() {
     assert_eq!(
         error(&format!(
             "{BOT}{}",
+            client("admin", "shop", "SHOP_API_TOKEN")
+        )),
+        "config key `api.clients[0].name`: `admin` is reserved for what the admin token starts; \
+         give the client another name"
+    );
+    assert_eq!(
+        error(&format!(
+            "{BOT}{}",
             client("Bad-Name", "shop", "SHOP_API_TOKEN")
         )),
         "config key `api.clients[0].name`: client name \"Bad-Name\" is invalid: use 1 to 64 \
@@ -897,4 +905,26 @@ fn api_clients_are_scoped_to_a_configured_bot_with_a_token_of_their_own() {
          name the environment variable that holds it with `token_env` (keys allowed here: name, \
          bot, token_env)"
     );
+}
+
+/// Found by the `config` fuzz target: a value or key quoted from the file kept its line breaks
+/// and escape sequences, so the refusal was not one line.
+#[test]
+fn quoted_values_and_keys_keep_the_refusal_on_one_line() {
+    assert_eq!(
+        error("[server]\nlisten = \"a\\nb\\u001b[2J\"\n"),
+        "config key `server.listen`: `a\\u000ab\\u001b[2J` is not an IP address with a port; \
+         write e.g. \"127.0.0.1:8080\" (host names are not resolved)"
+    );
+    let unknown = error("[server]\n\"x\\ty\" = 1\n");
+    assert!(
+        unknown.starts_with("config key `server.x\\u0009y`: unknown key"),
+        "{unknown}"
+    );
+    for message in [
+        error("[server]\nlisten = \"a\\rb\"\n"),
+        error("[server]\n\"x\\u0085y\" = 1\n"),
+    ] {
+        assert!(!message.chars().any(char::is_control), "{message:?}");
+    }
 }

@@ -230,17 +230,17 @@ fn is_false(value: &bool) -> bool {
 /// Telegram's answer envelope. Everything but `result` is read tolerantly, so that an odd error
 /// answer is still classified by its status.
 #[derive(Deserialize)]
-struct Envelope {
+pub(crate) struct Envelope {
     #[serde(default)]
-    ok: Option<Value>,
+    pub(crate) ok: Option<Value>,
     #[serde(default)]
-    result: Option<Box<RawValue>>,
+    pub(crate) result: Option<Box<RawValue>>,
     #[serde(default)]
-    error_code: Option<Value>,
+    pub(crate) error_code: Option<Value>,
     #[serde(default)]
-    description: Option<Value>,
+    pub(crate) description: Option<Value>,
     #[serde(default)]
-    parameters: Option<Value>,
+    pub(crate) parameters: Option<Value>,
 }
 
 impl BotApi {
@@ -346,14 +346,7 @@ impl BotApi {
         // The HTTP timeout must outlast Telegram's long poll, or every quiet poll would fail.
         let timeout = Duration::from_secs(u64::from(timeout_secs)) + self.request_timeout;
         let result = self.call(METHOD, &body, timeout).await?;
-        let updates: Vec<Box<RawValue>> =
-            serde_json::from_str(result.get()).map_err(|e| decode_error(METHOD, &e))?;
-        Ok(updates
-            .into_iter()
-            .map(|raw| RawUpdate {
-                bytes: raw.get().as_bytes().to_vec(),
-            })
-            .collect())
+        raw_updates(&result)
     }
 
     /// `setWebhook`: Telegram will post updates to `req.url` with `req.secret_token`.
@@ -391,9 +384,7 @@ impl BotApi {
         let result = self
             .call(METHOD, &NoArguments {}, self.request_timeout)
             .await?;
-        let value: Value =
-            serde_json::from_str(result.get()).map_err(|e| decode_error(METHOD, &e))?;
-        Ok(WebhookInfo::from_value(&value, &self.redactor))
+        webhook_info(&result, &self.redactor)
     }
 
     /// `deleteWebhook`, needed before long polling. `drop_pending_updates` discards user actions
@@ -420,16 +411,7 @@ impl BotApi {
                 self.request_timeout,
             )
             .await?;
-        let value: Value =
-            serde_json::from_str(result.get()).map_err(|e| decode_error(METHOD, &e))?;
-        let message_id = value
-            .get("message_id")
-            .and_then(Value::as_i64)
-            .ok_or_else(|| BotApiError::Decode {
-                method: METHOD,
-                detail: "the sent message has no integer message_id".to_owned(),
-            })?;
-        Ok(SentMessage { message_id })
+        sent_message(&result)
     }
 
     /// `answerCallbackQuery`: stops the client's progress indicator, optionally with a notice.
@@ -498,6 +480,42 @@ impl BotApi {
     }
 }
 
+/// The updates of a `getUpdates` result, each as its exact bytes.
+pub(crate) fn raw_updates(result: &RawValue) -> Result<Vec<RawUpdate>, BotApiError> {
+    let updates: Vec<Box<RawValue>> =
+        serde_json::from_str(result.get()).map_err(|e| decode_error("getUpdates", &e))?;
+    Ok(updates
+        .into_iter()
+        .map(|raw| RawUpdate {
+            bytes: raw.get().as_bytes().to_vec(),
+        })
+        .collect())
+}
+
+/// The webhook's state in a `getWebhookInfo` result.
+pub(crate) fn webhook_info(
+    result: &RawValue,
+    redactor: &Redactor,
+) -> Result<WebhookInfo, BotApiError> {
+    let value: Value =
+        serde_json::from_str(result.get()).map_err(|e| decode_error("getWebhookInfo", &e))?;
+    Ok(WebhookInfo::from_value(&value, redactor))
+}
+
+/// The sent message of a `sendMessage` result.
+pub(crate) fn sent_message(result: &RawValue) -> Result<SentMessage, BotApiError> {
+    const METHOD: &str = "sendMessage";
+    let value: Value = serde_json::from_str(result.get()).map_err(|e| decode_error(METHOD, &e))?;
+    let message_id = value
+        .get("message_id")
+        .and_then(Value::as_i64)
+        .ok_or_else(|| BotApiError::Decode {
+            method: METHOD,
+            detail: "the sent message has no integer message_id".to_owned(),
+        })?;
+    Ok(SentMessage { message_id })
+}
+
 /// Sorts a failed send by whether anything can have reached Telegram. The URL (with the token) is
 /// stripped first.
 fn transport_error(method: &'static str, error: reqwest::Error) -> BotApiError {
@@ -535,7 +553,7 @@ fn decode_error(method: &'static str, error: &serde_json::Error) -> BotApiError 
 }
 
 /// Reads Telegram's answer: the `result` of a successful call, or the classified error.
-fn interpret(
+pub(crate) fn interpret(
     method: &'static str,
     status: StatusCode,
     retry_after_header: Option<u64>,

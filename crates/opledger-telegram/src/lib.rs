@@ -16,6 +16,9 @@
 mod bot_api;
 mod command;
 mod error;
+/// Fuzz target bodies, shared with the corpus replay tests; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod update;
 
 pub use bot_api::{BotApi, RawUpdate, SentMessage, SetWebhook, WebhookInfo};

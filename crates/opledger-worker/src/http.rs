@@ -64,26 +64,31 @@ impl HttpEffector {
     }
 
     fn success(&self, body: &[u8]) -> Success {
-        let digest = hex::encode(Sha256::digest(body));
-        let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let field = |name: &str| value.get(name);
-        let external_id = field("external_id")
-            .or_else(|| field("id"))
-            .and_then(|id| match id {
-                Value::String(s) if !s.is_empty() => Some(s.clone()),
-                Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
-                _ => None,
-            });
-        let result: BTreeMap<String, Value> = self
-            .result_fields
-            .iter()
-            .filter_map(|name| field(name).map(|v| (name.clone(), v.clone())))
-            .collect();
-        Success {
-            external_id,
-            result,
-            response_digest: Some(digest),
-        }
+        success(body, &self.result_fields)
+    }
+}
+
+/// What a 2xx answer's `body` says: its `external_id` (or `id`), the `result_fields` it has, and
+/// its digest.
+pub(crate) fn success(body: &[u8], result_fields: &[String]) -> Success {
+    let digest = hex::encode(Sha256::digest(body));
+    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let field = |name: &str| value.get(name);
+    let external_id = field("external_id")
+        .or_else(|| field("id"))
+        .and_then(|id| match id {
+            Value::String(s) if !s.is_empty() => Some(s.clone()),
+            Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+            _ => None,
+        });
+    let result: BTreeMap<String, Value> = result_fields
+        .iter()
+        .filter_map(|name| field(name).map(|v| (name.clone(), v.clone())))
+        .collect();
+    Success {
+        external_id,
+        result,
+        response_digest: Some(digest),
     }
 }
 
@@ -183,7 +188,7 @@ impl Effector for HttpEffector {
 }
 
 /// What an answered call means.
-fn classify(
+pub(crate) fn classify(
     status: StatusCode,
     retry_after: Option<Duration>,
     success: impl FnOnce() -> Success,
@@ -246,7 +251,7 @@ fn describe(error: &reqwest::Error) -> String {
 }
 
 /// `Retry-After` in seconds (the HTTP-date form is not honoured: the backoff applies).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let seconds: u64 = headers
         .get(RETRY_AFTER)?
         .to_str()

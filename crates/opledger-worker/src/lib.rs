@@ -27,6 +27,9 @@ pub mod backoff;
 mod call;
 pub mod decision;
 pub mod effector;
+/// Fuzz target bodies, shared with the corpus replay tests; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod handle;
 pub mod http;
 pub mod reconcile;

@@ -180,7 +180,7 @@ impl Rules {
         self.commands.contains_key(bot)
     }
 
-    fn action_for(&self, bot: &str, command: &str) -> Option<&ActionConfig> {
+    pub(super) fn action_for(&self, bot: &str, command: &str) -> Option<&ActionConfig> {
         self.commands.get(bot)?.get(command).map(AsRef::as_ref)
     }
 

@@ -9,6 +9,9 @@
 //! the webhook and the poller need of the parsed update, so nobody parses it again.
 
 pub mod decision;
+/// Fuzz target bodies, shared with the corpus replay tests; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(test)]
 mod tests;
 

@@ -25,41 +25,8 @@ use opledger_store::{ExpectedVersion, StreamId};
 use opledger_telegram::parse_update;
 
 use super::decision::{self, Arrival, Decided, IssuedToken, Rules, bind_params};
+use super::fuzzing::CONFIG;
 use super::{IntakeRejection, Route, Started, Submission};
-
-/// `/coupon <campaign>`, one per campaign and user; `/feedback <topic> <text>`, one per topic
-/// and user whatever the text; `/refund <order>`, once per minute of repeats.
-const CONFIG: &str = r#"
-[[bots]]
-name = "shop"
-token_env = "SHOP_TOKEN"
-webhook_secret_env = "SHOP_SECRET"
-
-[[actions]]
-name = "coupon"
-bot = "shop"
-command = "coupon"
-params = ["campaign"]
-key = "{campaign}:{user_id}"
-[actions.effector]
-url = "http://127.0.0.1:9/coupons"
-max_attempts = 3
-
-[[actions]]
-name = "feedback"
-bot = "shop"
-command = "feedback"
-params = ["topic", "text"]
-key = "{topic}:{user_id}"
-
-[[actions]]
-name = "refund"
-bot = "shop"
-command = "refund"
-params = ["order"]
-key = "{order}"
-repeat_window_secs = 60
-"#;
 
 const USER: i64 = 7;
 /// The default `server.dedup_retention_hours`.

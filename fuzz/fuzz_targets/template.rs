@@ -1,0 +1,5 @@
+//! Fuzz target `template`: its body and invariants are `opledger_config::fuzzing::template`, which
+//! the corpus replay tests run too.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| opledger_config::fuzzing::template(data));
