@@ -91,7 +91,7 @@ pub(crate) async fn submit(
         user_id: request.user_id,
         update_id: request.update_id,
     };
-    let (started, _) = state.intake.submit(&submission).await.map_err(refused)?;
+    let started = state.intake.submit(&submission).await.map_err(refused)?;
     let (status, link) = match started {
         Started::New(link) => (StatusCode::CREATED, link),
         Started::Joined(link) => (StatusCode::OK, link),

@@ -179,9 +179,8 @@ impl Intake {
     }
 
     /// Starts (or finds) the operation a client of the operations API asks for. `Ok` means it is
-    /// durably recorded: the worker carries it out as if a command had asked. The position is
-    /// the ledger position of its last event (0 when nothing new was appended).
-    pub async fn submit(&self, submission: &Submission) -> Result<(Started, u64), IntakeError> {
+    /// durably recorded: the worker carries it out as if a command had asked.
+    pub async fn submit(&self, submission: &Submission) -> Result<Started, IntakeError> {
         if !self.rules.serves(&submission.bot) {
             return Err(IntakeError::UnknownBot(submission.bot.clone()));
         }
@@ -195,8 +194,7 @@ impl Intake {
                 decision::submit(&self.rules, submission, now, snapshot, changes)
             })
             .await?;
-        let position = committed.appended.map_or(0, |a| *a.positions.end());
-        Ok((committed.value, position))
+        Ok(committed.value)
     }
 
     /// Records a body that is not an update: its digest and size, never the body.
