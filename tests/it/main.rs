@@ -11,6 +11,7 @@ mod echoed_secrets;
 mod edge;
 mod fixtures;
 mod fuzz_corpus;
+mod gateway;
 mod hostile_text;
 mod intake;
 mod ledger_file;

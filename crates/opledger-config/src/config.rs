@@ -168,7 +168,11 @@ impl Config {
         Redactor::new(
             self.bots
                 .iter()
-                .flat_map(|bot| std::iter::once(&bot.token).chain(bot.webhook_secret.as_ref()))
+                .flat_map(|bot| {
+                    std::iter::once(&bot.token)
+                        .chain(bot.webhook_secret.as_ref())
+                        .chain(bot.forward.as_ref().and_then(|f| f.secret.as_ref()))
+                })
                 .chain(self.api.admin_token.as_ref())
                 .chain(&url_passwords),
         )
@@ -700,6 +704,8 @@ pub struct BotConfig {
     pub poll_timeout: Duration,
     /// `max_connections` for `setWebhook`; default 40, 1 to 100.
     pub max_connections: u8,
+    /// The gateway to the bot's own webhook (`[bots.forward]`), if it has one.
+    pub forward: Option<crate::forward::ForwardConfig>,
 }
 
 impl BotConfig {
@@ -758,21 +764,7 @@ impl BotConfig {
             }
             None => (None, None),
             Some(var) => {
-                let secret =
-                    read_secret(&key("webhook_secret_env"), &var, "the webhook secret", env)?;
-                let s = secret.expose_secret();
-                let valid = s.len() <= 256
-                    && s.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-                if !valid {
-                    return Err(ConfigError::key_problem(
-                        key("webhook_secret_env"),
-                        format!(
-                            "environment variable `{var}` does not hold a valid webhook secret; \
-                             Telegram accepts 1 to 256 characters of A-Z, a-z, 0-9, _ and -"
-                        ),
-                    ));
-                }
+                let secret = webhook_secret(&key("webhook_secret_env"), &var, env)?;
                 (Some(var), Some(secret))
             }
         };
@@ -807,8 +799,36 @@ impl BotConfig {
             mode,
             poll_timeout: Duration::from_secs(poll_timeout.unsigned_abs()),
             max_connections: u8::try_from(max_connections).unwrap_or(u8::MAX),
+            forward: raw
+                .forward
+                .map(|forward| crate::forward::ForwardConfig::from_raw(i, forward, env))
+                .transpose()?,
         })
     }
+}
+
+/// Reads a webhook secret named by an `*_env` key: 1 to 256 characters of `A-Z`, `a-z`, `0-9`,
+/// `_` and `-`, as Telegram accepts (a bot behind the gateway checks it the same way).
+pub(crate) fn webhook_secret(
+    key: &str,
+    var: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<SecretString, ConfigError> {
+    let secret = read_secret(key, var, "the webhook secret", env)?;
+    let s = secret.expose_secret();
+    let valid = s.len() <= 256
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !valid {
+        return Err(ConfigError::key_problem(
+            key,
+            format!(
+                "environment variable `{var}` does not hold a valid webhook secret; \
+                 Telegram accepts 1 to 256 characters of A-Z, a-z, 0-9, _ and -"
+            ),
+        ));
+    }
+    Ok(secret)
 }
 
 /// Checks a Bot API base URL and returns it without a trailing slash.
@@ -1083,7 +1103,7 @@ fn required<T>(key: &str, value: Option<T>, advice: &str) -> Result<T, ConfigErr
 
 /// The value of an integer key, or its default; outside `range` is an error whose advice ends
 /// with `suffix` (a unit and a reason).
-fn in_range(
+pub(crate) fn in_range(
     key: &str,
     value: Option<i64>,
     default: i64,

@@ -18,6 +18,7 @@
 
 mod config;
 mod error;
+mod forward;
 /// Fuzz target bodies, shared with the corpus replay tests; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
@@ -29,6 +30,7 @@ pub use config::{
     RESERVED_COMMANDS, ReplyConfig, ServerConfig, StorageBackend, StorageConfig, StorageUrl,
 };
 pub use error::{ConfigError, RenderError, TemplateError};
+pub use forward::{ForwardConfig, ForwardUpdates};
 pub use secrecy::{ExposeSecret, SecretString};
 pub use template::{
     KeyTemplate, ReplyKind, ReplyPlaceholder, ReplyTemplate, Template, UrlTemplate,

@@ -66,6 +66,17 @@ pub(crate) struct RawBot {
     pub(crate) mode: Option<String>,
     pub(crate) poll_timeout_secs: Option<i64>,
     pub(crate) max_connections: Option<i64>,
+    pub(crate) forward: Option<RawForward>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawForward {
+    pub(crate) url: Option<String>,
+    pub(crate) secret_env: Option<String>,
+    pub(crate) updates: Option<String>,
+    pub(crate) timeout_ms: Option<i64>,
+    pub(crate) give_up_after_secs: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

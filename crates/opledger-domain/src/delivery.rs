@@ -12,7 +12,8 @@
 //! | after the retention window | `UpdateReceived` (next epoch) | `UpdateReceived` (next epoch) |
 //!
 //! A first receipt is followed by `RawUpdateStored` only when the operator opted in to keeping
-//! raw bodies (they hold message text).
+//! raw bodies (they hold message text). When the bot has a gateway, the epoch's forwarding to
+//! the bot's own webhook follows on the same stream ([`crate::forward`]).
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
@@ -20,6 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::aggregate::Aggregate;
 use crate::error::{DeliveryRejection, NameKind};
 use crate::event::domain_events;
+pub use crate::forward::{
+    AnswerCallFailed, AnswerCallSent, AnswerCallStarted, AnswerStart, ForwardCommand,
+    ForwardFailed, ForwardGivenUp, ForwardStarted, Forwarding, UpdateForwarded,
+};
 use crate::ids::{OperationId, validate_name};
 
 domain_events! {
@@ -33,6 +38,20 @@ domain_events! {
         UpdateIdCollision,
         /// The raw body of the update, kept only when the operator opted in.
         RawUpdateStored,
+        /// An attempt to forward the update to the bot's webhook started.
+        ForwardStarted,
+        /// The bot acknowledged the update.
+        UpdateForwarded,
+        /// An attempt to forward failed; another is due.
+        ForwardFailed,
+        /// Forwarding was given up.
+        ForwardGivenUp,
+        /// The bot's answer held a Bot API call, which is being carried out.
+        AnswerCallStarted,
+        /// That call succeeded.
+        AnswerCallSent,
+        /// That call failed, or its outcome is unknown.
+        AnswerCallFailed,
     }
 }
 
@@ -76,6 +95,9 @@ pub struct UpdateReceived {
     pub received_at: DateTime<Utc>,
     /// The operation it started or joined, if it asked for an action.
     pub operation: Option<OperationLink>,
+    /// Whether it is to be forwarded to the bot's own webhook (the gateway); absent when not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forward: bool,
 }
 
 /// The same update arrived again within the retention window.
@@ -113,6 +135,12 @@ pub struct RawUpdateStored {
     pub body: String,
 }
 
+/// The name of the attachment (bytes beside the history, ADR 0012) that holds the raw body of
+/// `epoch` for the gateway until the bot acknowledged it or it was given up.
+pub fn raw_attachment(epoch: u32) -> String {
+    format!("raw:{epoch}")
+}
+
 /// What intake asks of a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeliveryCommand {
@@ -143,7 +171,11 @@ pub enum DeliveryCommand {
         /// The raw body, when the operator opted in to keeping it: a first receipt then also
         /// appends [`RawUpdateStored`].
         raw_body: Option<String>,
+        /// Whether the update is to be forwarded to the bot's webhook.
+        forward: bool,
     },
+    /// A step of forwarding the current epoch's update ([`crate::forward`]).
+    Forward(ForwardCommand),
 }
 
 /// One update id's state: what dedup needs to judge the next arrival.
@@ -159,6 +191,8 @@ pub struct Delivery {
     pub duplicates: u32,
     /// Collisions observed, across all epochs.
     pub collisions: u32,
+    /// The current epoch's forwarding to the bot's webhook.
+    pub forwarding: Forwarding,
     /// How many events were applied: the expected version of the next append.
     pub version: u64,
 }
@@ -186,6 +220,7 @@ pub fn decide(
     now: DateTime<Utc>,
 ) -> Result<Vec<DeliveryEvent>, DeliveryRejection> {
     let DeliveryCommand::RecordUpdate {
+        forward,
         bot,
         update_id,
         kind,
@@ -198,7 +233,19 @@ pub fn decide(
         operation,
         retention,
         raw_body,
-    } = command;
+    } = command
+    else {
+        let DeliveryCommand::Forward(command) = command else {
+            unreachable!("the other command is matched above")
+        };
+        if state.epoch == 0 {
+            return Err(DeliveryRejection::Forward(
+                crate::error::ForwardRejection::NotForwarded,
+            ));
+        }
+        return crate::forward::decide(&state.forwarding, state.epoch, command, now)
+            .map_err(DeliveryRejection::Forward);
+    };
     if validate_name(NameKind::Bot, bot).is_err() {
         return Err(invalid(
             "bot must be 1 to 64 characters from a-z, 0-9 and _",
@@ -248,6 +295,7 @@ pub fn decide(
             message_date: *message_date,
             received_at: *received_at,
             operation: operation.clone(),
+            forward: *forward,
         }
         .into(),
     ];
@@ -271,6 +319,11 @@ pub fn evolve(mut state: Delivery, event: &DeliveryEvent) -> Delivery {
             state.epoch = e.epoch;
             state.digest.clone_from(&e.digest);
             state.first_received_at = Some(e.received_at);
+            state.forwarding = Forwarding {
+                wanted: e.forward,
+                received_at: Some(e.received_at),
+                ..Forwarding::default()
+            };
         }
         DeliveryEvent::DuplicateDeliveryObserved(_) => {
             state.duplicates = state.duplicates.saturating_add(1);
@@ -279,6 +332,7 @@ pub fn evolve(mut state: Delivery, event: &DeliveryEvent) -> Delivery {
             state.collisions = state.collisions.saturating_add(1);
         }
         DeliveryEvent::RawUpdateStored(_) => {}
+        forwarding => crate::forward::evolve(&mut state.forwarding, forwarding),
     }
     state
 }

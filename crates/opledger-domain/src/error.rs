@@ -224,6 +224,38 @@ pub enum DeliveryRejection {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A forwarding step does not fit where the forwarding stands.
+    #[error(transparent)]
+    Forward(ForwardRejection),
+}
+
+/// Why a forwarding step was refused: usually another forwarder got there first, which is
+/// fine; the step is simply not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardRejection {
+    #[error("this update is not to be forwarded")]
+    NotForwarded,
+    #[error("this update was acknowledged by the bot or given up already")]
+    Done,
+    #[error("attempt {attempt} is in flight until {lease_until}")]
+    InFlight {
+        attempt: u32,
+        lease_until: chrono::DateTime<chrono::Utc>,
+    },
+    #[error("the next attempt is due at {retry_at}")]
+    NotDue {
+        retry_at: chrono::DateTime<chrono::Utc>,
+    },
+    #[error("attempt {attempt} is not the attempt in flight")]
+    NoSuchAttempt { attempt: u32 },
+    #[error("the update, received at {since}, is not old enough to give up")]
+    NotOldEnough {
+        since: chrono::DateTime<chrono::Utc>,
+    },
+    #[error("no answer call is in flight")]
+    NoAnswerInFlight,
+    #[error("invalid forwarding step: {0}; fix the caller")]
+    Invalid(&'static str),
 }
 
 /// Why a RepeatGuard refused a command.

@@ -40,6 +40,7 @@ pub mod callback_token;
 pub mod delivery;
 pub mod error;
 pub mod event;
+pub mod forward;
 pub mod ids;
 pub mod operation;
 pub mod quarantine;
@@ -50,7 +51,7 @@ pub use aggregate::Aggregate;
 pub use callback_token::{CallbackToken, CallbackTokenCommand, CallbackTokenEvent, TokenStatus};
 pub use delivery::{Delivery, DeliveryCommand, DeliveryEvent, OperationLink};
 pub use error::{
-    DecodeError, DeliveryRejection, IdError, IssueRejection, NameKind, Rejection,
+    DecodeError, DeliveryRejection, ForwardRejection, IdError, IssueRejection, NameKind, Rejection,
     RepeatGuardRejection,
 };
 pub use event::{Causation, DomainEvent, EventMetadata, SCHEMA_VERSION};

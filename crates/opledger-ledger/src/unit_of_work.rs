@@ -254,6 +254,24 @@ impl Changes {
         }
     }
 
+    /// Writes the attachment `name` of `stream` with the events staged on it (staged before):
+    /// bytes kept beside the history, durable exactly when those events are (ADR 0012).
+    pub fn attach(&mut self, stream: &StreamId, name: impl Into<String>, body: Vec<u8>) {
+        if let Some(request) = self.requests.iter_mut().rev().find(|r| &r.stream == stream) {
+            request.attach.push(opledger_store::Attachment {
+                name: name.into(),
+                body,
+            });
+        }
+    }
+
+    /// Deletes the attachment `name` of `stream` with the events staged on it (staged before).
+    pub fn detach(&mut self, stream: &StreamId, name: impl Into<String>) {
+        if let Some(request) = self.requests.iter_mut().rev().find(|r| &r.stream == stream) {
+            request.detach.push(name.into());
+        }
+    }
+
     /// Stages everything `later` staged, after what is staged here: a decision that must stage
     /// a stream first although it decides it last (a delivery records the operation its update
     /// started) stages the rest on its own `Changes` and adds them.

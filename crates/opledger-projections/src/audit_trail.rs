@@ -343,6 +343,48 @@ fn delivery_facts(event: DeliveryEvent) -> Facts {
             summary: format!("raw body stored ({} bytes)", e.body.len()),
             ..Facts::default()
         },
+        other => Facts {
+            summary: forward_summary(&other),
+            ..Facts::default()
+        },
+    }
+}
+
+/// One line for a step of forwarding an update to the bot's webhook.
+fn forward_summary(event: &DeliveryEvent) -> String {
+    match event {
+        DeliveryEvent::ForwardStarted(e) => format!(
+            "forward attempt {} started by {} (lease until {})",
+            e.attempt,
+            e.forwarder,
+            time(e.lease_until)
+        ),
+        DeliveryEvent::UpdateForwarded(e) => format!(
+            "forwarded: the bot answered {} to attempt {} in {} ms",
+            e.status, e.attempt, e.elapsed_ms
+        ),
+        DeliveryEvent::ForwardFailed(e) => format!(
+            "forward attempt {} failed: {}; next at {}",
+            e.attempt,
+            e.error,
+            time(e.retry_at)
+        ),
+        DeliveryEvent::ForwardGivenUp(e) => format!("forwarding given up: {}", e.reason),
+        DeliveryEvent::AnswerCallStarted(e) => {
+            format!("the bot's answer calls {}: started", e.method)
+        }
+        DeliveryEvent::AnswerCallSent(e) => format!("the bot's {} was carried out", e.method),
+        DeliveryEvent::AnswerCallFailed(e) if e.known => {
+            format!("the bot's {} was refused: {}", e.method, e.error)
+        }
+        DeliveryEvent::AnswerCallFailed(e) => format!(
+            "the bot's {} has an unknown outcome, not sent again: {}",
+            e.method, e.error
+        ),
+        DeliveryEvent::UpdateReceived(_)
+        | DeliveryEvent::DuplicateDeliveryObserved(_)
+        | DeliveryEvent::UpdateIdCollision(_)
+        | DeliveryEvent::RawUpdateStored(_) => String::new(),
     }
 }
 

@@ -51,3 +51,50 @@ pub(crate) fn missing_table(error: &sqlx::Error) -> bool {
         e.code().as_deref() == Some("42P01") || e.message().contains("no such table")
     })
 }
+
+/// Creates an inline projection's live table `name` (with `schema(backend)`) only when it is
+/// missing: after a blue/green flip the live table's indexes carry another version's names, and
+/// creating them again would duplicate them. (DDL: each backend looks the table up and
+/// serializes creators its own way.)
+pub(crate) async fn install_live(
+    connection: Conn<'_>,
+    name: &str,
+    schema: fn(Backend) -> String,
+) -> Result<(), opledger_store::inline::ProjectionError> {
+    match connection {
+        Conn::Sqlite(connection) => {
+            let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
+            let exists: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)",
+            )
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+            if !exists {
+                sqlx::raw_sql(AssertSqlSafe(schema(Backend::Sqlite)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        }
+        Conn::Postgres(connection) => {
+            let mut tx = connection.begin().await?;
+            // Instances opening a new database at once would race to create the table.
+            sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
+                .bind(crate::registry::LOCK_CLASS)
+                .execute(&mut *tx)
+                .await?;
+            let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                .bind(name)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !exists {
+                sqlx::raw_sql(AssertSqlSafe(schema(Backend::Postgres)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        }
+    }
+    Ok(())
+}

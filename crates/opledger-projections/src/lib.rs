@@ -11,6 +11,7 @@
 pub mod audit_trail;
 mod db;
 mod error;
+pub mod forward_queue;
 pub mod metrics;
 pub mod operation_status;
 pub mod projection;
@@ -35,6 +36,7 @@ use opledger_store::InlineProjections;
 pub fn builtin() -> Vec<Arc<dyn Projection>> {
     vec![
         Arc::new(operation_status::OperationStatus),
+        Arc::new(forward_queue::ForwardQueue),
         Arc::new(audit_trail::AuditTrail),
         Arc::new(reconciliation_queue::ReconciliationQueue),
         Arc::new(user_operations::UserOperations),
@@ -44,5 +46,8 @@ pub fn builtin() -> Vec<Arc<dyn Projection>> {
 
 /// The inline projections every opledger store keeps.
 pub fn inline() -> InlineProjections {
-    vec![Arc::new(operation_status::OperationStatus)]
+    vec![
+        Arc::new(operation_status::OperationStatus),
+        Arc::new(forward_queue::ForwardQueue),
+    ]
 }

@@ -15,7 +15,7 @@ use opledger_store::chain::Link;
 use opledger_store::inline::{InlineProjection, ProjectionError};
 use opledger_store::{EitherRow, ReadPool, TextList, Time, either};
 use serde::Serialize;
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 
 use crate::projection::{Backend, Conn, Definition, Projection};
 
@@ -557,45 +557,7 @@ impl InlineProjection for OperationStatus {
     /// indexes carry another version's names, and creating them again would duplicate them.
     /// (DDL: each backend looks the table up and serializes creators its own way.)
     fn install<'a>(&'a self, connection: Conn<'a>) -> BoxFuture<'a, Result<(), ProjectionError>> {
-        Box::pin(async move {
-            match connection {
-                Conn::Sqlite(connection) => {
-                    let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
-                    let exists: bool = sqlx::query_scalar(
-                        "SELECT EXISTS (SELECT 1 FROM sqlite_master \
-                         WHERE type = 'table' AND name = $1)",
-                    )
-                    .bind(NAME)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                    if !exists {
-                        sqlx::raw_sql(sqlx::AssertSqlSafe(live_schema(Backend::Sqlite)))
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    tx.commit().await?;
-                }
-                Conn::Postgres(connection) => {
-                    let mut tx = connection.begin().await?;
-                    // Instances opening a new database at once would race to create the table.
-                    sqlx::query("SELECT pg_advisory_xact_lock($1, 0)")
-                        .bind(crate::registry::LOCK_CLASS)
-                        .execute(&mut *tx)
-                        .await?;
-                    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-                        .bind(NAME)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                    if !exists {
-                        sqlx::raw_sql(sqlx::AssertSqlSafe(live_schema(Backend::Postgres)))
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    tx.commit().await?;
-                }
-            }
-            Ok(())
-        })
+        Box::pin(crate::db::install_live(connection, NAME, live_schema))
     }
 
     fn apply<'a>(

@@ -52,6 +52,16 @@ impl AnyStore {
         }
     }
 
+    /// The attachment `name` of `stream` (written by an append's [`AppendRequest::attach`] and
+    /// not yet deleted by a later one's `detach`), if there is one.
+    pub async fn attachment(
+        &self,
+        stream: &crate::StreamId,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        crate::attachments::read(self.reader(), stream, name).await
+    }
+
     /// The newest schema version this binary knows for the backend.
     pub fn schema_version(&self) -> i64 {
         let migrator = match self.backend() {

@@ -14,6 +14,7 @@
 //! meaning; payloads are opaque JSON bytes.
 
 mod any;
+mod attachments;
 mod backend;
 mod batch;
 pub mod chain;
@@ -38,8 +39,9 @@ pub use error::{InvalidRequest, OpenError, PositionGap, SharedSource, StoreError
 pub use group_commit::GroupCommitOptions;
 pub use inline::{InlineProjection, InlineProjections};
 pub use model::{
-    AppendRequest, Appended, ExpectedVersion, Head, MAX_EVENT_TYPE_LEN, MAX_STREAM_ID_LEN,
-    NewEvent, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion, empty_object, event_id,
+    AppendRequest, Appended, Attachment, ExpectedVersion, Head, MAX_EVENT_TYPE_LEN,
+    MAX_STREAM_ID_LEN, NewEvent, Position, RecordedEvent, StreamId, StreamInfo, StreamVersion,
+    empty_object, event_id,
 };
 pub use postgres::{PgOptions, PgStore};
 pub use reader::LedgerReader;

@@ -168,12 +168,17 @@ pub fn empty_object() -> Box<RawValue> {
     RawValue::from_string("{}".to_owned()).expect("`{}` is valid JSON")
 }
 
-/// Events to append to one stream, with the version the caller expects that stream to be at.
+/// Events to append to one stream, with the version the caller expects that stream to be at,
+/// and the stream's attachments to write or delete in the same transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendRequest {
     pub stream: StreamId,
     pub expected: ExpectedVersion,
     pub events: Vec<NewEvent>,
+    /// Attachments of the stream written (or replaced) if, and only if, the events are.
+    pub attach: Vec<Attachment>,
+    /// Names of the stream's attachments deleted if, and only if, the events are written.
+    pub detach: Vec<String>,
 }
 
 impl AppendRequest {
@@ -182,8 +187,20 @@ impl AppendRequest {
             stream,
             expected,
             events,
+            attach: Vec::new(),
+            detach: Vec::new(),
         }
     }
+}
+
+/// Bytes kept beside a stream's history, not in it: written with an append, read by name, and
+/// deleted by a later append. Neither hashed nor exported; a store may lose them only with the
+/// append that wrote them (docs/adr/0012).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    /// Its name within the stream (e.g. `raw:1`).
+    pub name: String,
+    pub body: Vec<u8>,
 }
 
 /// What one successful append call wrote.

@@ -586,6 +586,10 @@ async fn write_batch(
                     .map_err(|e| crate::inline::failed(projection.name(), e, retryable))?;
             }
         }
+        let side = crate::attachments::of(calls, &sealed.results);
+        crate::attachments::write(Either::Postgres(&mut *connection), &side)
+            .await
+            .map_err(|e| classify("writing attachments", e))?;
 
         let last = sealed.new_head;
         let outcome = BatchOutcome {

@@ -521,6 +521,10 @@ async fn write_batch(
                 .map_err(|e| crate::inline::failed(projection.name(), e, retryable))?;
         }
     }
+    let side = crate::attachments::of(calls, &sealed.results);
+    crate::attachments::write(Either::Sqlite(&mut *connection), &side)
+        .await
+        .map_err(|e| classify("writing attachments", e))?;
     let (streams, events) = encode_rows(&sealed);
     sqlx::query(WRITE_AND_COMMIT)
         .bind(streams)

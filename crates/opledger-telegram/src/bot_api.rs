@@ -180,6 +180,9 @@ pub struct SentMessage {
     pub message_id: i64,
 }
 
+/// How errors of [`BotApi::call_answer`] name the call (its method is the bot's choice).
+pub(crate) const ANSWER_CALL: &str = "the bot's answer call";
+
 #[derive(Serialize)]
 struct GetUpdatesBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -431,8 +434,31 @@ impl BotApi {
         Ok(())
     }
 
+    /// Carries out a Bot API call a bot returned in its webhook answer (`{"method": ..., ...}`):
+    /// `method` with `params` as its JSON body, once. Errors name it as [`ANSWER_CALL`]; the
+    /// caller records the method itself. The result is returned as Telegram gave it.
+    #[tracing::instrument(level = "debug", skip_all)]
+    pub async fn call_answer(
+        &self,
+        method: &str,
+        params: &serde_json::Map<String, Value>,
+    ) -> Result<Box<RawValue>, BotApiError> {
+        if method.is_empty()
+            || method.len() > 64
+            || !method.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            return Err(BotApiError::Decode {
+                method: ANSWER_CALL,
+                detail: "the method name is not a Bot API method name (letters and digits)"
+                    .to_owned(),
+            });
+        }
+        self.call_named(method, ANSWER_CALL, params, self.request_timeout)
+            .await
+    }
+
     /// `{base}/bot{token}/{method}`. The result must never be formatted or logged.
-    fn method_url(&self, method: &'static str) -> Result<Url, BotApiError> {
+    fn method_url(&self, method: &str) -> Result<Url, BotApiError> {
         let url = format!("{}/bot{}/{method}", self.base, self.token.expose_secret());
         Url::parse(&url).map_err(|_| BotApiError::InvalidBaseUrl {
             detail: "it cannot be joined with the bot token and method",
@@ -446,7 +472,18 @@ impl BotApi {
         body: &B,
         timeout: Duration,
     ) -> Result<Box<RawValue>, BotApiError> {
-        let url = self.method_url(method)?;
+        self.call_named(method, method, body, timeout).await
+    }
+
+    /// [`BotApi::call`] of `url_method`, with errors naming `method`.
+    async fn call_named<B: Serialize + ?Sized>(
+        &self,
+        url_method: &str,
+        method: &'static str,
+        body: &B,
+        timeout: Duration,
+    ) -> Result<Box<RawValue>, BotApiError> {
+        let url = self.method_url(url_method)?;
         let outcome = async {
             let response = self
                 .http

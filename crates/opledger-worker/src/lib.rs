@@ -13,6 +13,8 @@
 //! - [`effector`]: the [`Effector`] trait and what it answers; [`http`]: the built-in
 //!   [`HttpEffector`].
 //! - [`backoff`]: when a transient failure is tried again.
+//! - [`forward`]: [`Forwarder`], the gateway: each update a bot's `[bots.forward]` selects, to
+//!   the bot's own webhook, one per chat at a time, until it answers 2xx (ADR 0012).
 //! - [`reconcile`]: an operator's resolution of an operation waiting for reconciliation.
 //! - [`decision`]: the pure decisions of the steps above, for callers that batch their own
 //!   appends.
@@ -27,6 +29,7 @@ pub mod backoff;
 mod call;
 pub mod decision;
 pub mod effector;
+pub mod forward;
 /// Fuzz target bodies, shared with the corpus replay tests; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
@@ -38,5 +41,6 @@ pub mod worker;
 
 pub use backoff::Backoff;
 pub use effector::{CallOutcome, EffectRequest, Effector, LookupOutcome, NoEffect, Success};
+pub use forward::{Forwarder, ForwarderError, ForwarderOptions};
 pub use http::{HttpEffector, IDEMPOTENCY_KEY};
 pub use worker::{Worker, WorkerError, WorkerOptions};

@@ -2,6 +2,7 @@
 //! databases.
 
 pub(crate) mod app;
+pub(crate) mod fake_bot;
 pub(crate) mod fake_service;
 pub(crate) mod fake_telegram;
 pub(crate) mod postgres;

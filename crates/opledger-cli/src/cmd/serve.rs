@@ -83,6 +83,12 @@ pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Resu
                 bot.name, bot.api_base_url
             )),
         }
+        if let Some(forward) = &bot.forward {
+            say(format_args!(
+                "bot {}: gateway forwarding to {}",
+                bot.name, forward.url
+            ));
+        }
     }
     // On SIGINT or SIGTERM the worker stops first: the operations in hand finish their step
     // (the service keeps answering meanwhile), then the service shuts down and closes the

@@ -8,7 +8,7 @@ use anyhow::Context;
 use opledger_config::Config;
 use opledger_server::SystemClock;
 use opledger_store::AnyStore;
-use opledger_worker::{Worker, WorkerOptions};
+use opledger_worker::{Forwarder, ForwarderOptions, Worker, WorkerOptions};
 
 use crate::database;
 
@@ -26,13 +26,44 @@ pub(crate) struct WorkerArgs {
     no_replies: bool,
 }
 
+/// The worker and, for bots with a gateway, the forwarder: what `serve` and `worker` run.
+#[derive(Debug)]
+pub(crate) struct Workers {
+    pub(crate) worker: Worker,
+    pub(crate) forwarder: Option<Forwarder>,
+}
+
+impl Workers {
+    /// Runs both until `shutdown` resolves; each finishes the steps in hand.
+    pub(crate) async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send) {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let until = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        let forwarder = self.forwarder;
+        tokio::join!(
+            async move {
+                shutdown.await;
+                let _ = stop.send(true);
+            },
+            self.worker.run(until(stopped.clone())),
+            async {
+                if let Some(forwarder) = &forwarder {
+                    forwarder.run(until(stopped.clone())).await;
+                }
+            },
+        );
+    }
+}
+
 impl WorkerArgs {
-    /// Builds the worker for `config` on `store`.
-    pub(crate) fn build(&self, config: &Config, store: AnyStore) -> anyhow::Result<Worker> {
+    /// Builds the worker (and the forwarder, if a bot has a gateway) for `config` on `store`.
+    pub(crate) fn build(&self, config: &Config, store: AnyStore) -> anyhow::Result<Workers> {
         let id = self.worker_id.clone().unwrap_or_else(|| {
             let random = uuid::Uuid::new_v4().simple().to_string();
             format!("worker-{}-{}", std::process::id(), &random[..8])
         });
+        let mut forwarding = ForwarderOptions::new(id.clone());
         let mut options = WorkerOptions::new(id);
         options.concurrency = usize::from(self.worker_concurrency);
         options.replies = !self.no_replies;
@@ -40,9 +71,16 @@ impl WorkerArgs {
             options.backoff.base = Duration::from_millis(ms);
             options.idle_poll = Duration::from_millis(ms.max(20));
             options.lease_margin = Duration::from_millis(ms);
+            forwarding.backoff.base = Duration::from_millis(ms);
+            forwarding.backoff.cap = Duration::from_millis(ms.saturating_mul(10));
+            forwarding.idle_poll = Duration::from_millis(ms.max(20));
+            forwarding.lease_margin = Duration::from_millis(ms);
         }
-        Worker::new(config, store, Arc::new(SystemClock), options)
-            .context("cannot start the worker")
+        let worker = Worker::new(config, store.clone(), Arc::new(SystemClock), options)
+            .context("cannot start the worker")?;
+        let forwarder = Forwarder::new(config, store, Arc::new(SystemClock), forwarding)
+            .context("cannot start the gateway's forwarder")?;
+        Ok(Workers { worker, forwarder })
     }
 }
 
@@ -56,13 +94,13 @@ fn test_timing() -> Option<u64> {
 /// Runs the worker until SIGINT or SIGTERM.
 pub(crate) async fn run(args: WorkerArgs, config: Config, url: &str) -> anyhow::Result<()> {
     let store = database::open(url).await?;
-    let worker = args.build(&config, store.clone())?;
+    let workers = args.build(&config, store.clone())?;
     super::serve::say(format_args!(
         "opledger worker {} is working on the ledger {}",
-        worker.id(),
+        workers.worker.id(),
         database::redact(url)
     ));
-    worker.run(super::serve::shutdown_signal()).await;
+    workers.run(super::serve::shutdown_signal()).await;
     store.close().await;
     super::serve::say(format_args!("opledger worker stopped"));
     Ok(())

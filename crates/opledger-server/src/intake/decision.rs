@@ -20,11 +20,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use opledger_config::{ActionConfig, Config};
+use opledger_config::{ActionConfig, Config, ForwardUpdates};
 use opledger_domain::callback_token::{
     self, CallbackToken, CallbackTokenCommand, CallbackTokenEvent, TokenIssued, TokenRejection,
 };
-use opledger_domain::delivery::{self, Delivery, DeliveryCommand, DeliveryEvent};
+use opledger_domain::delivery::{self, Delivery, DeliveryCommand, DeliveryEvent, raw_attachment};
 use opledger_domain::operation::{self, OperationCommand, OperationEvent, Received};
 use opledger_domain::quarantine::{BodyQuarantined, QuarantineEvent, quarantine_stream};
 use opledger_domain::repeat_guard::{self, RepeatGuard, RepeatGuardCommand, RepeatGuardEvent};
@@ -145,6 +145,8 @@ pub struct Rules {
     retention: TimeDelta,
     /// Whether a first receipt keeps the raw body (`store_raw_updates`).
     store_raw_updates: bool,
+    /// The bots with a gateway to their own webhook, and which updates it forwards.
+    gateways: HashMap<String, ForwardUpdates>,
 }
 
 impl Rules {
@@ -172,7 +174,26 @@ impl Rules {
             actions,
             retention: TimeDelta::from_std(config.server.dedup_retention).unwrap_or(TimeDelta::MAX),
             store_raw_updates: config.server.store_raw_updates,
+            gateways: config
+                .bots
+                .iter()
+                .filter_map(|bot| Some((bot.name.clone(), bot.forward.as_ref()?.updates)))
+                .collect(),
         }
+    }
+
+    /// Whether an update of `bot` that went `route` is forwarded to the bot's own webhook.
+    fn forwards(&self, bot: &str, route: &Route) -> bool {
+        match self.gateways.get(bot) {
+            None => false,
+            Some(ForwardUpdates::All) => true,
+            Some(ForwardUpdates::Unhandled) => *route == Route::Nothing,
+        }
+    }
+
+    /// Whether `bot` has a gateway: then `/start` and `/help` are the bot's own to answer.
+    fn has_gateway(&self, bot: &str) -> bool {
+        self.gateways.contains_key(bot)
     }
 
     /// Whether `bot` is configured.
@@ -237,6 +258,7 @@ impl Arrival<'_> {
         rules: &Rules,
         operation: Option<OperationLink>,
         raw_body: Option<String>,
+        forward: bool,
     ) -> DeliveryCommand {
         let update = self.update;
         DeliveryCommand::RecordUpdate {
@@ -252,6 +274,7 @@ impl Arrival<'_> {
             operation,
             retention: rules.retention,
             raw_body,
+            forward,
         }
     }
 }
@@ -286,7 +309,7 @@ pub fn decide(
     let delivery: Delivery = snapshot.state(&stream)?;
 
     if delivery.repeats(now, rules.retention) {
-        let events = delivery::decide(&delivery, &arrival.record(rules, None, None), now)
+        let events = delivery::decide(&delivery, &arrival.record(rules, None, None, false), now)
             .map_err(rejected)?;
         let decided = match events.first() {
             Some(DeliveryEvent::DuplicateDeliveryObserved(_)) => Decided::Duplicate,
@@ -309,9 +332,10 @@ pub fn decide(
     let raw_body = rules
         .store_raw_updates
         .then(|| String::from_utf8_lossy(arrival.raw).into_owned());
+    let forward = rules.forwards(bot, &route);
     let events = delivery::decide(
         &delivery,
-        &arrival.record(rules, route.link(), raw_body),
+        &arrival.record(rules, route.link(), raw_body, forward),
         now,
     )
     .map_err(rejected)?;
@@ -320,6 +344,10 @@ pub fn decide(
     };
     let epoch = received.epoch;
     changes.decided(&stream, &delivery, &events, &metadata);
+    if forward {
+        // The exact bytes the bot is owed, beside the history until it acknowledges them.
+        changes.attach(&stream, raw_attachment(epoch), arrival.raw.to_vec());
+    }
     changes.extend(routed);
     Ok(Decided::Accepted { epoch, route })
 }
@@ -337,7 +365,9 @@ impl Router<'_> {
         let update = self.arrival.update;
         if let Some(command) = &update.text_command {
             match command.name.as_str() {
-                "help" | "start" => return Ok(Route::Help),
+                "help" | "start" if !self.rules.has_gateway(self.arrival.bot) => {
+                    return Ok(Route::Help);
+                }
                 "status" => {
                     return Ok(Route::Status {
                         operation_id: command.args.first().cloned(),

@@ -1,0 +1,661 @@
+//! The gateway's forwarder (ADR 0012): each recorded update a bot's `[bots.forward]` selects
+//! goes to the bot's own webhook, with the exact bytes Telegram sent, at least once until the
+//! bot answers 2xx.
+//!
+//! The loop reads each lane's first row of `forward_queue` that is due (one update per chat in
+//! flight, in ledger order; other chats in parallel) and takes one step on the update's
+//! delivery stream, through the unit of work:
+//! - too old: `ForwardGivenUp`, and the raw body's attachment is deleted;
+//! - else `ForwardStarted` (its append at the stream's version is the claim: of two instances
+//!   sharing a ledger, one wins), then the POST with `X-Opledger-Update-Id` and
+//!   `X-Opledger-Attempt`, then `UpdateForwarded` (the attachment deleted in the same append) or
+//!   `ForwardFailed` with the next attempt's time.
+//!
+//! A 2xx answer holding a Bot API call (`{"method": "sendMessage", ...}`) is carried out as a
+//! tracked reply: `AnswerCallStarted` is committed with `UpdateForwarded`, before the call, and
+//! the call's outcome after it; a call started whose outcome was never recorded (the process
+//! died) is swept as unknown after [`ANSWER_LEASE`], never made again.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use opledger_config::{Config, ForwardConfig};
+use opledger_domain::delivery::{AnswerStart, ForwardCommand, raw_attachment};
+use opledger_domain::text::Redactor;
+use opledger_domain::{
+    Causation, Delivery, DeliveryCommand, DeliveryEvent, DeliveryRejection, EventMetadata,
+    ForwardRejection,
+};
+use opledger_ledger::{Clock, Ledger, Undecided, UnitError};
+use opledger_projections::forward_queue::{self, ForwardRow};
+use opledger_store::{AnyStore, EventStore, StoreError, StreamId};
+use opledger_telegram::BotApi;
+use reqwest::header::CONTENT_TYPE;
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, Semaphore};
+
+use crate::backoff::Backoff;
+
+/// The header that carries the update's id on each attempt.
+pub const UPDATE_ID_HEADER: &str = "x-opledger-update-id";
+/// The header that carries the attempt's number (1, 2, ...): a bot sees a repeat as a higher one.
+pub const ATTEMPT_HEADER: &str = "x-opledger-attempt";
+/// The header Telegram puts the webhook secret in, presented to the bot the same way.
+const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+/// Methods a bot's answer may not make opledger call: they would take the bot's updates away
+/// from the gateway, or end the bot's session.
+const REFUSED_METHODS: &[&str] = &[
+    "getUpdates",
+    "setWebhook",
+    "deleteWebhook",
+    "logOut",
+    "close",
+];
+/// How long an answer's Bot API call may stay started without an outcome before the sweep
+/// presumes its caller died and records it unknown (never a second call); far longer than the
+/// call's own timeout.
+pub const ANSWER_LEASE: TimeDelta = TimeDelta::seconds(60);
+/// The most of an answer the forwarder reads: a method call is small.
+const ANSWER_LIMIT: usize = 1 << 20;
+
+/// How a forwarder runs.
+#[derive(Debug, Clone)]
+pub struct ForwarderOptions {
+    /// This forwarder's id, recorded in its attempts: unique among those sharing a ledger.
+    pub id: String,
+    /// How many lanes (chats) it forwards at once.
+    pub concurrency: usize,
+    /// The longest it sleeps without looking (appends to the ledger wake it too).
+    pub idle_poll: Duration,
+    /// Added to an attempt's timeout to make its lease.
+    pub lease_margin: Duration,
+    /// The delay before a failed attempt is tried again.
+    pub backoff: Backoff,
+}
+
+impl ForwarderOptions {
+    /// Defaults for a forwarder named `id`.
+    pub fn new(id: impl Into<String>) -> Self {
+        ForwarderOptions {
+            id: id.into(),
+            concurrency: 16,
+            idle_poll: Duration::from_millis(500),
+            lease_margin: Duration::from_secs(5),
+            backoff: Backoff {
+                base: Duration::from_millis(250),
+                cap: Duration::from_secs(5),
+            },
+        }
+    }
+}
+
+/// Why a forwarder could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwarderError {
+    #[error("cannot set up the http client of the gateway: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("cannot set up the bot api client of bot `{bot}`: {source}")]
+    BotApi {
+        bot: String,
+        #[source]
+        source: opledger_telegram::BotApiError,
+    },
+    #[error("the forwarder's concurrency must be at least 1")]
+    NoConcurrency,
+}
+
+/// One bot's gateway.
+#[derive(Debug)]
+struct Gateway {
+    config: ForwardConfig,
+    api: BotApi,
+}
+
+/// Forwards updates to the bots' own webhooks; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct Forwarder {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    ledger: Ledger,
+    clock: Arc<dyn Clock>,
+    http: reqwest::Client,
+    gateways: HashMap<String, Gateway>,
+    bots: Vec<String>,
+    redactor: Redactor,
+    options: ForwarderOptions,
+    /// Delivery streams a task of this forwarder holds: never two tasks on one.
+    in_hand: Mutex<HashSet<String>>,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forwarded {
+    /// The bot acknowledged the update on this attempt.
+    Acknowledged { attempt: u32 },
+    /// The attempt failed; another is due.
+    Failed { attempt: u32 },
+    /// Given up: too old.
+    GivenUp,
+    /// Nothing to do (another forwarder has it, or it is not due).
+    Nothing,
+}
+
+impl Forwarder {
+    /// A forwarder for the bots of `config` that have `[bots.forward]`; `None` if none has.
+    pub fn new(
+        config: &Config,
+        store: AnyStore,
+        clock: Arc<dyn Clock>,
+        options: ForwarderOptions,
+    ) -> Result<Option<Self>, ForwarderError> {
+        if options.concurrency == 0 {
+            return Err(ForwarderError::NoConcurrency);
+        }
+        let redactor = config.redactor();
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(ForwarderError::Client)?;
+        let bot_http = BotApi::http_client().map_err(|source| ForwarderError::BotApi {
+            bot: String::new(),
+            source,
+        })?;
+        let mut gateways = HashMap::new();
+        for bot in &config.bots {
+            let Some(forward) = &bot.forward else {
+                continue;
+            };
+            let api = BotApi::new(&bot.api_base_url, bot.token.clone(), bot_http.clone())
+                .map_err(|source| ForwarderError::BotApi {
+                    bot: bot.name.clone(),
+                    source,
+                })?
+                .with_request_timeout(Duration::from_secs(10))
+                .redacting(&redactor);
+            gateways.insert(
+                bot.name.clone(),
+                Gateway {
+                    config: forward.clone(),
+                    api,
+                },
+            );
+        }
+        if gateways.is_empty() {
+            return Ok(None);
+        }
+        let mut bots: Vec<String> = gateways.keys().cloned().collect();
+        bots.sort();
+        Ok(Some(Forwarder {
+            inner: Arc::new(Inner {
+                ledger: Ledger::new(store),
+                clock,
+                http,
+                gateways,
+                bots,
+                redactor,
+                options,
+                in_hand: Mutex::new(HashSet::new()),
+            }),
+        }))
+    }
+
+    /// Forwards until `shutdown` resolves; the attempts in hand finish first.
+    pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) {
+        let inner = &self.inner;
+        let permits = Arc::new(Semaphore::new(inner.options.concurrency));
+        let finished = Arc::new(Notify::new());
+        let mut head = inner.ledger.store().subscribe();
+        let mut tasks = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        let page = u32::try_from(inner.options.concurrency.saturating_mul(4)).unwrap_or(u32::MAX);
+        loop {
+            let now = inner.clock.now();
+            let mut started = 0usize;
+            match self.due(now, page).await {
+                Ok(rows) => {
+                    for row in rows {
+                        let Ok(permit) = permits.clone().try_acquire_owned() else {
+                            break;
+                        };
+                        if !inner.take(&row.stream_id) {
+                            continue;
+                        }
+                        started += 1;
+                        let forwarder = self.clone();
+                        let finished = Arc::clone(&finished);
+                        tasks.spawn(async move {
+                            let stream = row.stream_id.clone();
+                            forwarder.step_row(&row).await;
+                            forwarder.inner.release(&stream);
+                            drop(permit);
+                            finished.notify_one();
+                        });
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot read the forward queue; trying again"),
+            }
+            while tasks.try_join_next().is_some() {}
+            if started > 0 {
+                continue;
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = head.changed() => {}
+                () = finished.notified() => {}
+                () = tokio::time::sleep(inner.options.idle_poll) => {}
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// The due rows (each lane's first) and the answers whose caller died.
+    async fn due(&self, now: DateTime<Utc>, page: u32) -> Result<Vec<ForwardRow>, String> {
+        let reader = self.inner.ledger.store().reader();
+        let mut rows = forward_queue::due(reader, now, &self.inner.bots, page)
+            .await
+            .map_err(|e| e.to_string())?;
+        let stale = forward_queue::stale_answers(reader, now, page)
+            .await
+            .map_err(|e| e.to_string())?;
+        rows.extend(
+            stale
+                .into_iter()
+                .filter(|row| self.inner.gateways.contains_key(&row.bot)),
+        );
+        Ok(rows)
+    }
+
+    /// Takes every due step once (tests and tools): the outcome of each row's step.
+    pub async fn run_due(&self) -> Result<Vec<(String, Forwarded)>, String> {
+        let rows = self.due(self.inner.clock.now(), u32::MAX).await?;
+        let mut done = Vec::with_capacity(rows.len());
+        for row in rows {
+            if self.inner.take(&row.stream_id) {
+                let outcome = self.step_row(&row).await;
+                self.inner.release(&row.stream_id);
+                done.push((row.stream_id, outcome));
+            }
+        }
+        Ok(done)
+    }
+
+    async fn step_row(&self, row: &ForwardRow) -> Forwarded {
+        let result = if row.state == "answering" {
+            self.sweep_answer(row).await.map(|()| Forwarded::Nothing)
+        } else {
+            self.step(row).await
+        };
+        result.unwrap_or_else(|error| {
+            tracing::warn!(stream = %row.stream_id, %error, "forwarding step failed; it stays due");
+            Forwarded::Nothing
+        })
+    }
+
+    /// One step on the update `row` names: give up, or one attempt.
+    async fn step(&self, row: &ForwardRow) -> Result<Forwarded, StepError> {
+        let inner = &self.inner;
+        let Some(gateway) = inner.gateways.get(&row.bot) else {
+            return Ok(Forwarded::Nothing);
+        };
+        let stream =
+            StreamId::new(row.stream_id.clone()).map_err(|e| StepError::Id(e.to_string()))?;
+        let now = inner.clock.now();
+        let max_age = TimeDelta::from_std(gateway.config.give_up_after).unwrap_or(TimeDelta::MAX);
+        if now - row.received_at >= max_age {
+            let command = ForwardCommand::GiveUp { max_age };
+            return match self.commit(&stream, command, Detach::Raw).await? {
+                Some(_) => {
+                    tracing::warn!(stream = %row.stream_id, "forwarding given up: too old");
+                    Ok(Forwarded::GivenUp)
+                }
+                None => Ok(Forwarded::Nothing),
+            };
+        }
+        let lease = gateway.config.timeout + inner.options.lease_margin;
+        let lease_until = now + TimeDelta::from_std(lease).unwrap_or(TimeDelta::MAX);
+        let start = ForwardCommand::Start {
+            forwarder: inner.options.id.clone(),
+            lease_until,
+        };
+        let Some((delivery, events)) = self.commit(&stream, start, Detach::None).await? else {
+            return Ok(Forwarded::Nothing);
+        };
+        let Some(DeliveryEvent::ForwardStarted(started)) = events.first() else {
+            return Ok(Forwarded::Nothing);
+        };
+        let attempt = started.attempt;
+        let body = self.raw_body(&stream, delivery.epoch).await?;
+        let began = Instant::now();
+        let answer = match body {
+            Some(body) => self.post(gateway, row.update_id, attempt, body).await,
+            None => Err(AttemptError {
+                status: None,
+                error: "the update's raw body is gone from the ledger's attachments (restored \
+                        from a copy without them?); it cannot be forwarded"
+                    .to_owned(),
+            }),
+        };
+        let elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match answer {
+            Ok((status, call)) => {
+                let answer = call.as_ref().map(|c| AnswerStart {
+                    method: c.method.clone(),
+                    digest: c.digest.clone(),
+                    lease_until: inner.clock.now() + ANSWER_LEASE,
+                });
+                let acknowledge = ForwardCommand::Acknowledge {
+                    attempt,
+                    status,
+                    elapsed_ms,
+                    answer,
+                };
+                let committed = self.commit(&stream, acknowledge, Detach::Raw).await?;
+                if let (Some(_), Some(call)) = (committed, call) {
+                    self.carry_out(gateway, &stream, call).await?;
+                }
+                Ok(Forwarded::Acknowledged { attempt })
+            }
+            Err(failure) => {
+                let delay = inner.options.backoff.delay(&row.stream_id, attempt, None);
+                let retry_at =
+                    inner.clock.now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+                tracing::debug!(stream = %row.stream_id, attempt, error = %failure.error, "forward attempt failed");
+                let fail = ForwardCommand::Fail {
+                    attempt,
+                    status: failure.status,
+                    error: failure.error,
+                    retry_at,
+                };
+                self.commit(&stream, fail, Detach::None).await?;
+                Ok(Forwarded::Failed { attempt })
+            }
+        }
+    }
+
+    /// The exact bytes Telegram sent for `epoch`: the attachment, else the `RawUpdateStored` of
+    /// a ledger that keeps raw updates.
+    async fn raw_body(&self, stream: &StreamId, epoch: u32) -> Result<Option<Vec<u8>>, StepError> {
+        let store = self.inner.ledger.store();
+        if let Some(body) = store.attachment(stream, &raw_attachment(epoch)).await? {
+            return Ok(Some(body));
+        }
+        let recorded = store.read_stream(stream, 1, usize::MAX).await?;
+        for event in recorded.iter().rev() {
+            if let Ok(DeliveryEvent::RawUpdateStored(raw)) =
+                <DeliveryEvent as opledger_domain::DomainEvent>::from_stored(
+                    &event.event_type,
+                    event.schema_version,
+                    &event.payload,
+                )
+                && raw.epoch == epoch
+            {
+                return Ok(Some(raw.body.into_bytes()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// One POST to the bot's webhook: its 2xx status and the method call its answer holds, or
+    /// why it failed.
+    async fn post(
+        &self,
+        gateway: &Gateway,
+        update_id: i64,
+        attempt: u32,
+        body: Vec<u8>,
+    ) -> Result<(u16, Option<AnswerCall>), AttemptError> {
+        let mut request = self
+            .inner
+            .http
+            .post(gateway.config.url.clone())
+            .timeout(gateway.config.timeout)
+            .header(CONTENT_TYPE, "application/json")
+            .header(UPDATE_ID_HEADER, update_id.to_string())
+            .header(ATTEMPT_HEADER, attempt.to_string())
+            .body(body);
+        if let Some(secret) = &gateway.config.secret {
+            use opledger_config::ExposeSecret;
+            request = request.header(SECRET_HEADER, secret.expose_secret());
+        }
+        let response = request.send().await.map_err(|e| AttemptError {
+            status: None,
+            error: self.describe(&e),
+        })?;
+        let status = response.status();
+        let json = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("application/json"));
+        if !status.is_success() {
+            return Err(AttemptError {
+                status: Some(status.as_u16()),
+                error: format!("the bot answered {status}"),
+            });
+        }
+        // The answer is read only for a method call; a body that does not arrive in time
+        // still leaves the update acknowledged (the status said so).
+        let call = if json {
+            match response.bytes().await {
+                Ok(bytes) if bytes.len() <= ANSWER_LIMIT => AnswerCall::parse(&bytes),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        Ok((status.as_u16(), call))
+    }
+
+    /// A transport error in words: its kind and its causes, never the URL, secrets out.
+    fn describe(&self, error: &reqwest::Error) -> String {
+        let mut text = if error.is_timeout() {
+            "no answer in time".to_owned()
+        } else if error.is_connect() {
+            "cannot connect".to_owned()
+        } else {
+            "the request failed".to_owned()
+        };
+        let mut source = std::error::Error::source(error);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        self.inner.redactor.redact(&text).into_owned()
+    }
+
+    /// Carries out the bot's answer call, whose start is committed, and records its outcome.
+    async fn carry_out(
+        &self,
+        gateway: &Gateway,
+        stream: &StreamId,
+        call: AnswerCall,
+    ) -> Result<(), StepError> {
+        let outcome = if REFUSED_METHODS.contains(&call.method.as_str()) {
+            ForwardCommand::AnswerFailed {
+                error: format!(
+                    "{} is not carried out from a webhook answer behind the gateway: it would \
+                     take the updates away from opledger",
+                    call.method
+                ),
+                known: true,
+            }
+        } else {
+            match gateway.api.call_answer(&call.method, &call.params).await {
+                Ok(result) => ForwardCommand::AnswerSent {
+                    message_id: serde_json::from_str::<serde_json::Value>(result.get())
+                        .ok()
+                        .and_then(|v| v.get("message_id")?.as_i64()),
+                },
+                Err(error) => ForwardCommand::AnswerFailed {
+                    known: error.is_definitely_not_delivered(),
+                    error: opledger_domain::text::storable_string(error.to_string()),
+                },
+            }
+        };
+        self.commit(stream, outcome, Detach::None).await?;
+        Ok(())
+    }
+
+    /// An answer call started by a process that died before recording its outcome: unknown,
+    /// never made again.
+    async fn sweep_answer(&self, row: &ForwardRow) -> Result<(), StepError> {
+        let stream =
+            StreamId::new(row.stream_id.clone()).map_err(|e| StepError::Id(e.to_string()))?;
+        let command = ForwardCommand::AnswerFailed {
+            error: "the process carrying it out stopped before recording its outcome; it is not \
+                    made again"
+                .to_owned(),
+            known: false,
+        };
+        self.commit(&stream, command, Detach::None).await?;
+        Ok(())
+    }
+
+    /// Decides `command` on the delivery and commits it (deleting the raw body's attachment
+    /// with it when asked): the state it was decided on and the events, or `None` when the
+    /// domain refused the step (another forwarder took it, or it is not due).
+    async fn commit(
+        &self,
+        stream: &StreamId,
+        command: ForwardCommand,
+        detach: Detach,
+    ) -> Result<Option<(Delivery, Vec<DeliveryEvent>)>, StepError> {
+        let inner = &self.inner;
+        let metadata = EventMetadata::caused_by(Causation::Worker {
+            worker: inner.options.id.clone(),
+        })
+        .correlated_with(stream.as_str());
+        let command = DeliveryCommand::Forward(command);
+        let now = inner.clock.now();
+        let committed = inner
+            .ledger
+            .unit_of_work()
+            .run(|snapshot, changes| {
+                let delivery: Delivery = snapshot.read(stream)?;
+                let events = opledger_domain::delivery::decide(&delivery, &command, now)
+                    .map_err(Undecided::Rejected)?;
+                changes.decided(stream, &delivery, &events, &metadata);
+                if let Detach::Raw = detach {
+                    changes.detach(stream, raw_attachment(delivery.epoch));
+                }
+                Ok((delivery, events))
+            })
+            .await;
+        match committed {
+            Ok(committed) => Ok(Some(committed.value)),
+            Err(UnitError::Rejected(DeliveryRejection::Forward(rejection))) => {
+                tracing::debug!(stream = %stream, %rejection, "forwarding step not taken");
+                if matches!(rejection, ForwardRejection::Invalid(_)) {
+                    return Err(StepError::Refused(rejection.to_string()));
+                }
+                Ok(None)
+            }
+            Err(UnitError::Contended { .. }) => Ok(None),
+            Err(error) => Err(StepError::Commit(error.to_string())),
+        }
+    }
+}
+
+/// Whether a step's commit deletes the raw body's attachment.
+#[derive(Debug, Clone, Copy)]
+enum Detach {
+    None,
+    Raw,
+}
+
+/// A Bot API call a bot put in its webhook answer.
+#[derive(Debug, Clone)]
+struct AnswerCall {
+    method: String,
+    params: serde_json::Map<String, serde_json::Value>,
+    /// Hex SHA-256 of the answer's bytes.
+    digest: String,
+}
+
+impl AnswerCall {
+    /// The call in a JSON answer (`{"method": "...", ...}`), if it holds one.
+    fn parse(bytes: &[u8]) -> Option<AnswerCall> {
+        let serde_json::Value::Object(mut params) = serde_json::from_slice(bytes).ok()? else {
+            return None;
+        };
+        let serde_json::Value::String(method) = params.remove("method")? else {
+            return None;
+        };
+        Some(AnswerCall {
+            method: opledger_domain::text::storable_string(method),
+            params,
+            digest: hex::encode(Sha256::digest(bytes)),
+        })
+    }
+}
+
+/// Why one attempt failed.
+#[derive(Debug)]
+struct AttemptError {
+    status: Option<u16>,
+    error: String,
+}
+
+/// Why a step could not be taken; it stays due.
+#[derive(Debug, thiserror::Error)]
+enum StepError {
+    #[error("invalid delivery stream id: {0}")]
+    Id(String),
+    #[error("cannot read the update: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot record the step: {0}")]
+    Commit(String),
+    #[error("the domain refused the step: {0}")]
+    Refused(String),
+}
+
+impl Inner {
+    fn take(&self, stream: &str) -> bool {
+        self.in_hand
+            .lock()
+            .expect("the in-hand set is never poisoned")
+            .insert(stream.to_owned())
+    }
+
+    fn release(&self, stream: &str) {
+        self.in_hand
+            .lock()
+            .expect("the in-hand set is never poisoned")
+            .remove(stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_with_a_method_is_a_call() {
+        let call = AnswerCall::parse(br#"{"method":"sendMessage","chat_id":1,"text":"hi"}"#)
+            .expect("a call");
+        assert_eq!(call.method, "sendMessage");
+        assert_eq!(call.params.get("chat_id"), Some(&serde_json::json!(1)));
+        assert!(!call.params.contains_key("method"));
+        assert_eq!(call.digest.len(), 64);
+    }
+
+    #[test]
+    fn other_answers_are_no_call() {
+        for body in [
+            &b""[..],
+            b"ok",
+            b"[]",
+            br#"{"ok":true}"#,
+            br#"{"method":7}"#,
+        ] {
+            assert!(AnswerCall::parse(body).is_none(), "{body:?}");
+        }
+    }
+}

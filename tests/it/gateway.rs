@@ -1,0 +1,478 @@
+//! The gateway (issue 12 §1, ADR 0012) on both backends: updates recorded by the real service
+//! reach a fake bot's own webhook with Telegram's exact bytes, once per update whatever Telegram
+//! repeats, one per chat at a time in the order received, retried while the bot fails and given
+//! up after the configured age; a Bot API call in the bot's answer is carried out once and never
+//! made again when its outcome is unknown. Two real processes on one PostgreSQL ledger keep each
+//! chat's order.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use opledger_config::Config;
+use opledger_domain::delivery::raw_attachment;
+use opledger_store::{EventStore, StreamId};
+use opledger_worker::forward::Forwarded;
+use opledger_worker::{Backoff, Forwarder, ForwarderOptions};
+
+use crate::support::app::{
+    Backend, Ledger, SECRET, TOKEN, TestApp, message_from, on_both_backends,
+};
+use crate::support::fake_bot::{BotMode, FakeBot};
+use crate::support::fake_telegram::FakeTelegram;
+
+/// The secret the gateway shows the bot.
+const UPSTREAM_SECRET: &str = "CANARY-upstream-secret_0123456789";
+
+struct World {
+    _ledger: Ledger,
+    app: TestApp,
+    bot: FakeBot,
+    telegram: FakeTelegram,
+    config: Config,
+}
+
+impl World {
+    /// A service whose bot `shop` forwards `updates` (all or unhandled) to a fake bot, gives up
+    /// after `give_up_secs`, and has a `coupon` action of its own.
+    async fn start(backend: Backend, updates: &str, give_up_secs: u64) -> Option<World> {
+        let ledger = Ledger::create(backend).await?;
+        let bot = FakeBot::start().await;
+        let telegram = FakeTelegram::start(TOKEN).await;
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\
+             [[bots]]\nname = \"shop\"\ntoken_env = \"BOT_TOKEN\"\n\
+             webhook_secret_env = \"BOT_SECRET\"\napi_base_url = \"{telegram}\"\n\
+             [bots.forward]\nurl = \"{bot}\"\nsecret_env = \"UPSTREAM\"\nupdates = \"{updates}\"\n\
+             timeout_ms = 2000\ngive_up_after_secs = {give_up_secs}\n\
+             [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
+             params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n",
+            telegram = telegram.base_url(),
+            bot = bot.url(),
+        );
+        let env: HashMap<&str, &str> = HashMap::from([
+            ("BOT_TOKEN", TOKEN),
+            ("BOT_SECRET", SECRET),
+            ("UPSTREAM", UPSTREAM_SECRET),
+        ]);
+        let config = Config::parse(&text, &|name| env.get(name).map(|v| (*v).to_owned()))
+            .expect("test config");
+        let app = TestApp::spawn(&ledger, &config).await;
+        Some(World {
+            _ledger: ledger,
+            app,
+            bot,
+            telegram,
+            config,
+        })
+    }
+
+    /// A forwarder on the service's ledger and manual clock, retrying after a second.
+    fn forwarder(&self, id: &str) -> Forwarder {
+        let mut options = ForwarderOptions::new(id);
+        options.backoff = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(1),
+        };
+        options.idle_poll = Duration::from_millis(20);
+        Forwarder::new(
+            &self.config,
+            self.app.store.clone(),
+            self.app.clock.clone(),
+            options,
+        )
+        .expect("build the forwarder")
+        .expect("the bot has a gateway")
+    }
+
+    async fn deliver(&self, body: &[u8]) {
+        let answer = self.app.deliver(body.to_vec()).await;
+        assert_eq!(answer.status(), 200, "Telegram's delivery is acknowledged");
+    }
+
+    async fn types_of(&self, update_id: i64) -> Vec<String> {
+        let stream = StreamId::new(format!("update-shop-{update_id}")).expect("a stream id");
+        self.app
+            .store
+            .read_stream(&stream, 1, 1000)
+            .await
+            .expect("read the delivery")
+            .into_iter()
+            .map(|e| e.event_type)
+            .collect()
+    }
+
+    async fn attachment(&self, update_id: i64) -> Option<Vec<u8>> {
+        let stream = StreamId::new(format!("update-shop-{update_id}")).expect("a stream id");
+        self.app
+            .store
+            .attachment(&stream, &raw_attachment(1))
+            .await
+            .expect("read the attachment")
+    }
+}
+
+/// An update of chat `chat` with odd spacing, so that only the exact bytes compare equal.
+fn spaced(update_id: i64, chat: i64, text: &str) -> Vec<u8> {
+    let compact =
+        String::from_utf8(message_from(update_id, 1_790_000_000, chat, text)).expect("utf-8");
+    compact
+        .replacen("{\"update_id\":", "{ \"update_id\" :  ", 1)
+        .into_bytes()
+}
+
+on_both_backends!(
+    forwards_the_exact_bytes_once_with_headers,
+    a_redelivery_never_reaches_the_bot_twice,
+    a_failing_bot_gets_each_chat_in_order_when_it_is_back,
+    an_update_is_given_up_after_the_configured_age,
+    unhandled_leaves_out_what_opledger_answered,
+    a_call_in_the_answer_is_carried_out_once,
+    an_answer_call_whose_outcome_is_unknown_is_never_made_again,
+    a_refused_method_in_the_answer_is_not_called,
+);
+
+async fn forwards_the_exact_bytes_once_with_headers(backend: Backend) {
+    let Some(world) = World::start(backend, "all", 86_400).await else {
+        return;
+    };
+    let body = spaced(501, 7, "hello there");
+    world.deliver(&body).await;
+    assert_eq!(
+        world.attachment(501).await.as_deref(),
+        Some(&body[..]),
+        "the raw body waits beside the history until the bot has it"
+    );
+    let outcomes = world.forwarder("fwd-1").run_due().await.expect("forward");
+    assert_eq!(
+        outcomes,
+        vec![(
+            "update-shop-501".to_owned(),
+            Forwarded::Acknowledged { attempt: 1 }
+        )]
+    );
+    let received = world.bot.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].body, body, "the exact bytes Telegram sent");
+    assert_eq!(received[0].update_id, Some(501));
+    assert_eq!(received[0].attempt, Some(1));
+    assert_eq!(received[0].secret.as_deref(), Some(UPSTREAM_SECRET));
+    assert_eq!(
+        world.types_of(501).await,
+        ["UpdateReceived", "ForwardStarted", "UpdateForwarded"]
+    );
+    assert_eq!(
+        world.attachment(501).await,
+        None,
+        "deleted once acknowledged"
+    );
+    // The history keeps the digest, never the body (store_raw_updates is off).
+    let events = world.app.events().await;
+    assert!(
+        events
+            .iter()
+            .all(|e| !String::from_utf8_lossy(&e.payload).contains("hello there")),
+        "the message text is not in the ledger"
+    );
+    assert!(
+        world
+            .forwarder("fwd-1")
+            .run_due()
+            .await
+            .expect("forward")
+            .is_empty()
+    );
+}
+
+async fn a_redelivery_never_reaches_the_bot_twice(backend: Backend) {
+    let Some(world) = World::start(backend, "all", 86_400).await else {
+        return;
+    };
+    let body = spaced(601, 7, "twice");
+    world.deliver(&body).await;
+    world.deliver(&body).await;
+    let forwarder = world.forwarder("fwd-1");
+    let running = {
+        let forwarder = forwarder.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        (
+            stop,
+            tokio::spawn(async move {
+                forwarder
+                    .run(async move {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            }),
+        )
+    };
+    // Twenty concurrent repeats while the forwarder runs.
+    let repeats: Vec<_> = (0..20).map(|_| world.deliver(&body)).collect();
+    futures_util::future::join_all(repeats).await;
+    wait_for(|| world.bot.acknowledged().len() == 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (stop, task) = running;
+    let _ = stop.send(());
+    task.await.expect("the forwarder stops");
+    assert_eq!(
+        world.bot.received().len(),
+        1,
+        "one delivery reached the bot"
+    );
+    assert_eq!(world.app.count("DuplicateDeliveryObserved").await, 21);
+    assert_eq!(world.app.count("ForwardStarted").await, 1);
+}
+
+async fn a_failing_bot_gets_each_chat_in_order_when_it_is_back(backend: Backend) {
+    let Some(world) = World::start(backend, "all", 86_400).await else {
+        return;
+    };
+    world.bot.set_mode(BotMode::Status(503));
+    // Three updates of chat 1 and two of chat 2, interleaved as Telegram delivered them.
+    let order = [(701, 1), (702, 2), (703, 1), (704, 2), (705, 1)];
+    for (update_id, chat) in order {
+        world.deliver(&spaced(update_id, chat, "queued")).await;
+    }
+    let forwarder = world.forwarder("fwd-1");
+    let outcomes = forwarder.run_due().await.expect("forward");
+    assert_eq!(
+        outcomes,
+        vec![
+            (
+                "update-shop-701".to_owned(),
+                Forwarded::Failed { attempt: 1 }
+            ),
+            (
+                "update-shop-702".to_owned(),
+                Forwarded::Failed { attempt: 1 }
+            ),
+        ],
+        "only each chat's first update is tried"
+    );
+    assert!(
+        forwarder.run_due().await.expect("forward").is_empty(),
+        "nothing is due before the backoff"
+    );
+    world.bot.set_mode(BotMode::Ok);
+    world.app.clock.advance(TimeDelta::seconds(2));
+    for _ in 0..10 {
+        if forwarder.run_due().await.expect("forward").is_empty() {
+            break;
+        }
+    }
+    let acknowledged = world.bot.acknowledged();
+    let ids_of = |chat: i64| -> Vec<i64> {
+        acknowledged
+            .iter()
+            .filter(|r| r.chat_id == Some(chat))
+            .filter_map(|r| r.update_id)
+            .collect()
+    };
+    assert_eq!(ids_of(1), [701, 703, 705], "chat 1 in the order received");
+    assert_eq!(ids_of(2), [702, 704], "chat 2 in the order received");
+    let first = acknowledged
+        .iter()
+        .find(|r| r.update_id == Some(701))
+        .expect("701");
+    assert_eq!(first.attempt, Some(2), "a repeat carries a higher attempt");
+    assert_eq!(world.app.count("ForwardFailed").await, 2);
+    assert_eq!(world.app.count("UpdateForwarded").await, 5);
+}
+
+async fn an_update_is_given_up_after_the_configured_age(backend: Backend) {
+    let Some(world) = World::start(backend, "all", 60).await else {
+        return;
+    };
+    world.bot.set_mode(BotMode::Status(500));
+    world.deliver(&spaced(801, 3, "too late")).await;
+    world.deliver(&spaced(802, 3, "next")).await;
+    let forwarder = world.forwarder("fwd-1");
+    forwarder.run_due().await.expect("forward");
+    world.app.clock.advance(TimeDelta::seconds(61));
+    world.bot.set_mode(BotMode::Ok);
+    let outcomes = forwarder.run_due().await.expect("forward");
+    assert_eq!(
+        outcomes,
+        vec![("update-shop-801".to_owned(), Forwarded::GivenUp)],
+        "the old head is given up, which frees its chat"
+    );
+    assert_eq!(
+        world.types_of(801).await,
+        [
+            "UpdateReceived",
+            "ForwardStarted",
+            "ForwardFailed",
+            "ForwardGivenUp"
+        ]
+    );
+    assert_eq!(
+        world.attachment(801).await,
+        None,
+        "the body is deleted when given up"
+    );
+    // 802 is as old: it is given up too, never forwarded late.
+    assert_eq!(
+        forwarder.run_due().await.expect("forward"),
+        vec![("update-shop-802".to_owned(), Forwarded::GivenUp)]
+    );
+    assert!(world.bot.acknowledged().is_empty());
+}
+
+async fn unhandled_leaves_out_what_opledger_answered(backend: Backend) {
+    let Some(world) = World::start(backend, "unhandled", 86_400).await else {
+        return;
+    };
+    world
+        .deliver(&message_from(901, 1_790_000_000, 5, "/coupon spring"))
+        .await;
+    world
+        .deliver(&message_from(902, 1_790_000_000, 5, "just text"))
+        .await;
+    world
+        .deliver(&message_from(903, 1_790_000_000, 5, "/start"))
+        .await;
+    world
+        .deliver(&message_from(904, 1_790_000_000, 5, "/status"))
+        .await;
+    world.forwarder("fwd-1").run_due().await.expect("forward");
+    world.forwarder("fwd-1").run_due().await.expect("forward");
+    let forwarded: Vec<i64> = world
+        .bot
+        .received()
+        .iter()
+        .filter_map(|r| r.update_id)
+        .collect();
+    assert_eq!(
+        forwarded,
+        [902, 903],
+        "its own action and /status are opledger's; text and the bot's /start are the bot's"
+    );
+}
+
+async fn a_call_in_the_answer_is_carried_out_once(backend: Backend) {
+    let Some(world) = World::start(backend, "all", 86_400).await else {
+        return;
+    };
+    world.bot.set_mode(BotMode::Answer(
+        r#"{"method":"sendMessage","chat_id":9,"text":"answered in the webhook"}"#.to_owned(),
+    ));
+    world.deliver(&spaced(1001, 9, "hi")).await;
+    let forwarder = world.forwarder("fwd-1");
+    forwarder.run_due().await.expect("forward");
+    forwarder.run_due().await.expect("forward");
+    let sent = world.telegram.calls("sendMessage");
+    assert_eq!(sent.len(), 1, "carried out once: {sent:?}");
+    assert_eq!(sent[0]["text"], "answered in the webhook");
+    assert_eq!(sent[0]["chat_id"], 9);
+    assert_eq!(
+        world.types_of(1001).await,
+        [
+            "UpdateReceived",
+            "ForwardStarted",
+            "UpdateForwarded",
+            "AnswerCallStarted",
+            "AnswerCallSent"
+        ]
+    );
+    let events = world.app.events().await;
+    assert!(
+        events
+            .iter()
+            .all(|e| !String::from_utf8_lossy(&e.payload).contains("answered in the webhook")),
+        "the answer's text is not in the ledger"
+    );
+}
+
+async fn an_answer_call_whose_outcome_is_unknown_is_never_made_again(backend: Backend) {
+    let Some(world) = World::start(backend, "all", 86_400).await else {
+        return;
+    };
+    // A forwarder died between committing the call's start and making it: simulated by
+    // committing the acknowledgement and the start as its step would, without the call.
+    world.deliver(&spaced(1101, 9, "hi")).await;
+    let stream = StreamId::new("update-shop-1101").expect("a stream id");
+    let ledger = opledger_ledger::Ledger::new(world.app.store.clone());
+    let now = opledger_ledger::Clock::now(world.app.clock.as_ref());
+    for command in [
+        opledger_domain::delivery::ForwardCommand::Start {
+            forwarder: "dead".to_owned(),
+            lease_until: now + TimeDelta::seconds(30),
+        },
+        opledger_domain::delivery::ForwardCommand::Acknowledge {
+            attempt: 1,
+            status: 200,
+            elapsed_ms: 3,
+            answer: Some(opledger_domain::delivery::AnswerStart {
+                method: "sendMessage".to_owned(),
+                digest: "0".repeat(64),
+                lease_until: now + opledger_worker::forward::ANSWER_LEASE,
+            }),
+        },
+    ] {
+        let command = opledger_domain::DeliveryCommand::Forward(command);
+        ledger
+            .unit_of_work()
+            .run(|snapshot, changes| {
+                let delivery: opledger_domain::Delivery = snapshot.read(&stream)?;
+                let events = opledger_domain::delivery::decide(&delivery, &command, now)
+                    .map_err(opledger_ledger::Undecided::Rejected)?;
+                changes.decided(
+                    &stream,
+                    &delivery,
+                    &events,
+                    &opledger_domain::EventMetadata::caused_by(
+                        opledger_domain::Causation::Worker {
+                            worker: "dead".to_owned(),
+                        },
+                    ),
+                );
+                Ok(())
+            })
+            .await
+            .expect("commit");
+    }
+    let forwarder = world.forwarder("fwd-2");
+    assert!(
+        forwarder.run_due().await.expect("forward").is_empty(),
+        "within its lease the call is left alone"
+    );
+    world.app.clock.advance(TimeDelta::seconds(61));
+    forwarder.run_due().await.expect("forward");
+    forwarder.run_due().await.expect("forward");
+    assert!(
+        world.telegram.calls("sendMessage").is_empty(),
+        "never made again"
+    );
+    assert!(
+        world.bot.received().is_empty(),
+        "an acknowledged update is not forwarded again"
+    );
+    assert_eq!(
+        world.types_of(1101).await.last().map(String::as_str),
+        Some("AnswerCallFailed")
+    );
+}
+
+async fn a_refused_method_in_the_answer_is_not_called(backend: Backend) {
+    let Some(world) = World::start(backend, "all", 86_400).await else {
+        return;
+    };
+    world.bot.set_mode(BotMode::Answer(
+        r#"{"method":"setWebhook","url":"https://elsewhere.example"}"#.to_owned(),
+    ));
+    world.deliver(&spaced(1201, 9, "hi")).await;
+    world.forwarder("fwd-1").run_due().await.expect("forward");
+    assert!(world.telegram.calls("setWebhook").is_empty());
+    assert_eq!(
+        world.types_of(1201).await.last().map(String::as_str),
+        Some("AnswerCallFailed")
+    );
+}
+
+async fn wait_for(condition: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "timed out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
