@@ -9,6 +9,8 @@
 //! - [`BotApi`] calls the handful of Bot API methods opledger needs and sorts every failure into a
 //!   [`BotApiError`] that tells whether the call certainly did not happen
 //!   ([`BotApiError::is_definitely_not_delivered`]) or may have.
+//! - [`form_data_fields`] reads the `multipart/form-data` form in which aiogram puts a Bot API
+//!   call into its webhook answer.
 //!
 //! Architecture invariants: this crate keeps no message text beyond the parsed command; no error,
 //! log line, `Debug` output or panic of this crate contains the bot token.
@@ -16,6 +18,7 @@
 mod bot_api;
 mod command;
 mod error;
+mod form_data;
 /// Fuzz target bodies, shared with the corpus replay tests; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
@@ -24,6 +27,7 @@ mod update;
 pub use bot_api::{BotApi, RawUpdate, SentMessage, SetWebhook, WebhookInfo};
 pub use command::{Command, MAX_COMMAND_NAME_CHARS, NORMALIZATION_VERSION};
 pub use error::{BotApiError, Quarantine, QuarantineReason};
+pub use form_data::form_data_fields;
 pub use update::{
     CallbackQuery, KNOWN_KINDS, MAX_OTHER_KIND_CHARS, Update, UpdateKind, parse_update,
 };

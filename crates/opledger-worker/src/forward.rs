@@ -428,11 +428,11 @@ impl Forwarder {
             error: self.describe(&e),
         })?;
         let status = response.status();
-        let json = response
+        let content_type = response
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().starts_with("application/json"));
+            .map(|v| v.trim_start().to_owned());
         if !status.is_success() {
             return Err(AttemptError {
                 status: Some(status.as_u16()),
@@ -441,13 +441,16 @@ impl Forwarder {
         }
         // The answer is read only for a method call; a body that does not arrive in time
         // still leaves the update acknowledged (the status said so).
-        let call = if json {
-            match response.bytes().await {
-                Ok(bytes) if bytes.len() <= ANSWER_LIMIT => AnswerCall::parse(&bytes),
-                _ => None,
+        let call = match content_type {
+            Some(content_type) if AnswerCall::may_hold_one(&content_type) => {
+                match response.bytes().await {
+                    Ok(bytes) if bytes.len() <= ANSWER_LIMIT => {
+                        AnswerCall::parse(&content_type, &bytes)
+                    }
+                    _ => None,
+                }
             }
-        } else {
-            None
+            _ => None,
         };
         Ok((status.as_u16(), call))
     }
@@ -580,10 +583,29 @@ struct AnswerCall {
 }
 
 impl AnswerCall {
-    /// The call in a JSON answer (`{"method": "...", ...}`), if it holds one.
-    fn parse(bytes: &[u8]) -> Option<AnswerCall> {
-        let serde_json::Value::Object(mut params) = serde_json::from_slice(bytes).ok()? else {
-            return None;
+    /// Whether an answer of `content_type` may hold a call: JSON, or a form (aiogram's).
+    fn may_hold_one(content_type: &str) -> bool {
+        let media_type = content_type.to_ascii_lowercase();
+        media_type.starts_with("application/json") || media_type.starts_with("multipart/form-data")
+    }
+
+    /// The call in an answer of `content_type`, if it holds one: a JSON object
+    /// (`{"method": "...", ...}`) or, as aiogram answers, a `multipart/form-data` form with a
+    /// `method` field (its values text, which the Bot API takes as it takes JSON).
+    fn parse(content_type: &str, bytes: &[u8]) -> Option<AnswerCall> {
+        let form = content_type
+            .to_ascii_lowercase()
+            .starts_with("multipart/form-data");
+        let mut params = if form {
+            opledger_telegram::form_data_fields(content_type, bytes)?
+                .into_iter()
+                .map(|(name, value)| (name, serde_json::Value::String(value)))
+                .collect()
+        } else {
+            let serde_json::Value::Object(params) = serde_json::from_slice(bytes).ok()? else {
+                return None;
+            };
+            params
         };
         let serde_json::Value::String(method) = params.remove("method")? else {
             return None;
@@ -638,12 +660,33 @@ mod tests {
 
     #[test]
     fn an_answer_with_a_method_is_a_call() {
-        let call = AnswerCall::parse(br#"{"method":"sendMessage","chat_id":1,"text":"hi"}"#)
-            .expect("a call");
+        let call = AnswerCall::parse(
+            "application/json",
+            br#"{"method":"sendMessage","chat_id":1,"text":"hi"}"#,
+        )
+        .expect("a call");
         assert_eq!(call.method, "sendMessage");
         assert_eq!(call.params.get("chat_id"), Some(&serde_json::json!(1)));
         assert!(!call.params.contains_key("method"));
         assert_eq!(call.digest.len(), 64);
+    }
+
+    #[test]
+    fn a_form_with_a_method_is_a_call_of_text_fields() {
+        let body =
+            b"--Bnd\r\nContent-Disposition: form-data; name=\"method\"\r\n\r\nsendMessage\r\n\
+            --Bnd\r\nContent-Disposition: form-data; name=\"chat_id\"\r\n\r\n42\r\n--Bnd--\r\n";
+        let call = AnswerCall::parse("multipart/form-data; boundary=Bnd", body).expect("a call");
+        assert_eq!(call.method, "sendMessage");
+        assert_eq!(call.params.get("chat_id"), Some(&serde_json::json!("42")));
+        assert_eq!(call.params.len(), 1);
+        assert!(AnswerCall::may_hold_one(
+            "Multipart/Form-Data; boundary=Bnd"
+        ));
+        assert!(!AnswerCall::may_hold_one("text/plain"));
+        let no_method =
+            b"--Bnd\r\nContent-Disposition: form-data; name=\"chat_id\"\r\n\r\n42\r\n--Bnd--";
+        assert!(AnswerCall::parse("multipart/form-data; boundary=Bnd", no_method).is_none());
     }
 
     #[test]
@@ -655,7 +698,10 @@ mod tests {
             br#"{"ok":true}"#,
             br#"{"method":7}"#,
         ] {
-            assert!(AnswerCall::parse(body).is_none(), "{body:?}");
+            assert!(
+                AnswerCall::parse("application/json", body).is_none(),
+                "{body:?}"
+            );
         }
     }
 }
