@@ -16,7 +16,7 @@ use opledger_store::EventStore;
 use crate::support::app::{Backend, Ledger, SECRET, TOKEN, message_from};
 use crate::support::fake_service::FakeService;
 use crate::support::fake_telegram::FakeTelegram;
-use crate::support::serving::{PATIENCE, Serving, opledger, write_coupon_config};
+use crate::support::serving::{PATIENCE, Serving, deliver, opledger, write_coupon_config};
 
 /// What the fake service offers for resolving an unknown outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,20 +148,6 @@ impl Rig {
         }
         env
     }
-}
-
-/// POSTs the update as Telegram does; `None` when no answer came (the process died).
-async fn deliver(address: std::net::SocketAddr, update: &[u8]) -> Option<u16> {
-    reqwest::Client::new()
-        .post(format!("http://{address}/telegram/shop/webhook"))
-        .header("content-type", "application/json")
-        .header("x-telegram-bot-api-secret-token", SECRET)
-        .body(update.to_vec())
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .ok()
-        .map(|response| response.status().as_u16())
 }
 
 /// Waits until the one operation reaches a state no worker moves on its own.

@@ -1,4 +1,5 @@
-//! A fake external service on loopback (a coupon shop), for the worker's tests: it counts
+//! A fake external service on loopback (a coupon shop, also serving leads as a CRM would), for
+//! the worker's tests: it counts
 //! requests per `Idempotency-Key`, performs "creations", serves a lookup by reference, and
 //! answers as each test scripts it (refusals, overload, acting and then hanging, 5xx).
 
@@ -102,6 +103,8 @@ impl FakeService {
         let app = Router::new()
             .route("/coupons", post(create))
             .route("/coupons/by-reference/{key}", get(lookup))
+            .route("/leads", post(create))
+            .route("/leads/by-reference/{key}", get(lookup))
             .with_state(Arc::clone(&state));
         let listener = tokio::net::TcpListener::bind(address)
             .await
@@ -131,6 +134,16 @@ impl FakeService {
     /// The lookup URL template.
     pub(crate) fn lookup_url(&self) -> String {
         format!("http://{}/coupons/by-reference/{{operation_id}}", self.addr)
+    }
+
+    /// The `[actions.effector]` URL of the service as a CRM taking leads (the same counts).
+    pub(crate) fn leads_url(&self) -> String {
+        format!("http://{}/leads", self.addr)
+    }
+
+    /// The lookup URL template of the service as a CRM.
+    pub(crate) fn leads_lookup_url(&self) -> String {
+        format!("http://{}/leads/by-reference/{{operation_id}}", self.addr)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, ServiceState> {

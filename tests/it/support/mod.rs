@@ -1,6 +1,7 @@
 //! Shared helpers of the black-box tests: running the real `opledger` binary, and test
 //! databases.
 
+pub(crate) mod aiogram;
 pub(crate) mod app;
 pub(crate) mod fake_bot;
 pub(crate) mod fake_service;

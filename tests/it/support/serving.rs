@@ -1,5 +1,6 @@
-//! A real `opledger` process for black-box tests: a clean environment, its output captured as
-//! it comes, waits for lines and for its end, SIGTERM, and no process left behind.
+//! A real `opledger` process (or another child, such as the example aiogram bot) for black-box
+//! tests: a clean environment, its output captured as it comes, waits for lines and for its
+//! end, SIGTERM and SIGKILL, and no process left behind.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::app::Ledger;
+use crate::support::app::{Ledger, SECRET};
 use crate::support::fake_service::FakeService;
 use crate::support::fake_telegram::FakeTelegram;
 use crate::support::{opledger_bin, sqlite_url, stderr, stdout};
@@ -35,6 +36,21 @@ pub(crate) async fn run(mut command: Command) -> Output {
     tokio::task::spawn_blocking(move || command.output().expect("run opledger"))
         .await
         .expect("the command's thread")
+}
+
+/// POSTs an update to bot `shop`'s webhook with the test secret, as Telegram does; `None`
+/// when no answer came (the process died).
+pub(crate) async fn deliver(address: SocketAddr, update: &[u8]) -> Option<u16> {
+    reqwest::Client::new()
+        .post(format!("http://{address}/telegram/shop/webhook"))
+        .header("content-type", "application/json")
+        .header("x-telegram-bot-api-secret-token", SECRET)
+        .body(update.to_vec())
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .ok()
+        .map(|response| response.status().as_u16())
 }
 
 /// Writes `text` as a configuration file in `dir`.
@@ -69,7 +85,8 @@ pub(crate) fn write_coupon_config(
     path.to_str().expect("a UTF-8 path").to_owned()
 }
 
-/// A running `opledger serve` whose stdout and stderr are captured as they come.
+/// A running `opledger serve` (or other child process) whose stdout and stderr are captured as
+/// they come.
 pub(crate) struct Serving {
     child: Child,
     stdout: Arc<Mutex<String>>,
@@ -92,14 +109,20 @@ fn capture(stream: impl Read + Send + 'static, sink: Arc<Mutex<String>>) -> Join
 }
 
 impl Serving {
+    /// Starts `opledger serve` with `command`'s environment and arguments.
     pub(crate) fn start(mut command: Command) -> Serving {
+        command.arg("serve");
+        Self::spawn(command)
+    }
+
+    /// Starts `command` as it is.
+    pub(crate) fn spawn(mut command: Command) -> Serving {
         let mut child = command
-            .arg("serve")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("start opledger serve");
+            .unwrap_or_else(|error| panic!("start {command:?}: {error}"));
         let (stdout, stderr) = (Arc::default(), Arc::default());
         let readers = vec![
             capture(child.stdout.take().expect("piped"), Arc::clone(&stdout)),
@@ -175,6 +198,12 @@ impl Serving {
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -TERM {pid}");
+        self.exit().await
+    }
+
+    /// Kills the process with SIGKILL (`kill -9`: no cleanup, no flush) and waits for its end.
+    pub(crate) async fn kill(&mut self) -> ExitStatus {
+        self.child.kill().expect("send SIGKILL");
         self.exit().await
     }
 
