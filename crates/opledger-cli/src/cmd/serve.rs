@@ -61,7 +61,8 @@ pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Resu
     if config.bots.is_empty() {
         say(format_args!(
             "no bot is configured yet: add a [[bots]] section to a configuration file (see \
-             opledger.example.toml and docs/config.md) and pass it with --config"
+             opledger.example.toml and docs/config.md) and pass it with --config, or watch \
+             opledger at work with `opledger demo`"
         ));
     }
     for bot in &config.bots {
