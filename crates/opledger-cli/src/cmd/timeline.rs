@@ -62,6 +62,14 @@ struct Entry {
 }
 
 impl Timeline {
+    /// The table of one operation's history; `operation` is its id or stream id.
+    pub(crate) fn of(operation: String) -> Timeline {
+        Timeline {
+            operation,
+            json: false,
+        }
+    }
+
     pub(crate) async fn run(self, url: &str) -> anyhow::Result<()> {
         let reader = open_reader(url).await?;
         let stream = self.stream(&reader).await?;
