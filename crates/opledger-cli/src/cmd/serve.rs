@@ -3,12 +3,12 @@
 
 use std::future::Future;
 
+use crate::cmd::worker::Workers;
 use anyhow::Context;
 use opledger_config::{BotMode, Config};
 use opledger_projections::{Projector, ProjectorOptions};
 use opledger_server::App;
 use opledger_store::AnyStore;
-use crate::cmd::worker::Workers;
 
 use crate::cmd::worker::WorkerArgs;
 use crate::database;
