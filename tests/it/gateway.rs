@@ -131,6 +131,7 @@ on_both_backends!(
     an_answer_call_whose_outcome_is_unknown_is_never_made_again,
     a_refused_method_in_the_answer_is_not_called,
     forwarding_shows_in_metrics_and_the_timeline,
+    in_poll_mode_the_bot_still_gets_webhooks,
 );
 
 async fn forwards_the_exact_bytes_once_with_headers(backend: Backend) {
@@ -525,6 +526,53 @@ async fn forwarding_shows_in_metrics_and_the_timeline(backend: Backend) {
     );
     assert!(out.contains("the bot answered 502"), "{out}");
     assert!(!out.contains(UPSTREAM_SECRET));
+}
+
+async fn in_poll_mode_the_bot_still_gets_webhooks(backend: Backend) {
+    let Some(ledger) = Ledger::create(backend).await else {
+        return;
+    };
+    let bot = FakeBot::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace_ms = 1000\n\
+         [[bots]]\nname = \"shop\"\ntoken_env = \"BOT_TOKEN\"\nmode = \"poll\"\n\
+         api_base_url = \"{telegram}\"\npoll_timeout_secs = 1\n\
+         [bots.forward]\nurl = \"{bot}\"\nupdates = \"all\"\n",
+        telegram = telegram.base_url(),
+        bot = bot.url(),
+    );
+    let config = Config::parse(&text, &|name| (name == "BOT_TOKEN").then(|| TOKEN.to_owned()))
+        .expect("test config");
+    let app = TestApp::spawn(&ledger, &config).await;
+    let bodies: Vec<Vec<u8>> = (1..=3).map(|i| spaced(1400 + i, 8, "polled")).collect();
+    for body in &bodies {
+        telegram.push_update(body.clone());
+    }
+    // Telegram repeats the first one (its offset was not confirmed yet, say).
+    telegram.push_update(bodies[0].clone());
+    let mut options = ForwarderOptions::new("fwd-poll");
+    options.idle_poll = Duration::from_millis(20);
+    let forwarder = Forwarder::new(&config, app.store.clone(), app.clock.clone(), options)
+        .expect("build")
+        .expect("a gateway");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        forwarder
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    wait_for(|| bot.acknowledged().len() >= 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stop.send(());
+    task.await.expect("the forwarder stops");
+    let received = bot.received();
+    let got: Vec<&[u8]> = received.iter().map(|r| r.body.as_slice()).collect();
+    let want: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
+    assert_eq!(got, want, "each polled update once, in order, as Telegram sent it");
+    app.stop().await;
 }
 
 /// Two `opledger serve` processes on one PostgreSQL ledger, Telegram's deliveries spread over
