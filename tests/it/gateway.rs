@@ -542,8 +542,10 @@ async fn in_poll_mode_the_bot_still_gets_webhooks(backend: Backend) {
         telegram = telegram.base_url(),
         bot = bot.url(),
     );
-    let config = Config::parse(&text, &|name| (name == "BOT_TOKEN").then(|| TOKEN.to_owned()))
-        .expect("test config");
+    let config = Config::parse(&text, &|name| {
+        (name == "BOT_TOKEN").then(|| TOKEN.to_owned())
+    })
+    .expect("test config");
     let app = TestApp::spawn(&ledger, &config).await;
     let bodies: Vec<Vec<u8>> = (1..=3).map(|i| spaced(1400 + i, 8, "polled")).collect();
     for body in &bodies {
@@ -571,7 +573,10 @@ async fn in_poll_mode_the_bot_still_gets_webhooks(backend: Backend) {
     let received = bot.received();
     let got: Vec<&[u8]> = received.iter().map(|r| r.body.as_slice()).collect();
     let want: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
-    assert_eq!(got, want, "each polled update once, in order, as Telegram sent it");
+    assert_eq!(
+        got, want,
+        "each polled update once, in order, as Telegram sent it"
+    );
     app.stop().await;
 }
 
