@@ -130,6 +130,8 @@ on_both_backends!(
     a_call_in_the_answer_is_carried_out_once,
     an_answer_call_whose_outcome_is_unknown_is_never_made_again,
     a_refused_method_in_the_answer_is_not_called,
+    forwarding_shows_in_metrics_and_the_timeline,
+    in_poll_mode_the_bot_still_gets_webhooks,
 );
 
 async fn forwards_the_exact_bytes_once_with_headers(backend: Backend) {
@@ -467,6 +469,198 @@ async fn a_refused_method_in_the_answer_is_not_called(backend: Backend) {
         world.types_of(1201).await.last().map(String::as_str),
         Some("AnswerCallFailed")
     );
+}
+
+async fn forwarding_shows_in_metrics_and_the_timeline(backend: Backend) {
+    let Some(world) = World::start(backend, "all", 86_400).await else {
+        return;
+    };
+    world.bot.set_mode(BotMode::Status(502));
+    world.deliver(&spaced(1301, 4, "waiting")).await;
+    let forwarder = world.forwarder("fwd-1");
+    forwarder.run_due().await.expect("forward");
+    world.app.clock.advance(TimeDelta::seconds(30));
+    let metrics_url = format!("http://{}/metrics", world.app.address);
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = world
+            .app
+            .http
+            .get(&metrics_url)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        if text.contains("opledger_forward_failures_total 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(text.contains("opledger_forward_failures_total 1"), "{text}");
+    assert!(
+        text.contains("opledger_forward_waiting_updates{bot=\"shop\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("opledger_forward_failing_updates{bot=\"shop\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("opledger_oldest_unforwarded_update_age_seconds{bot=\"shop\"} 30"),
+        "the gateway's lag by the service's clock: {text}"
+    );
+    let timeline =
+        crate::support::opledger(&world._ledger.url(), &["timeline", "update-shop-1301"]);
+    let out = crate::support::stdout(&timeline);
+    assert!(
+        timeline.status.success(),
+        "{out}{}",
+        crate::support::stderr(&timeline)
+    );
+    assert!(out.contains("update 1301  bot shop"), "{out}");
+    assert!(
+        out.contains("ForwardStarted") && out.contains("ForwardFailed"),
+        "{out}"
+    );
+    assert!(out.contains("the bot answered 502"), "{out}");
+    assert!(!out.contains(UPSTREAM_SECRET));
+}
+
+async fn in_poll_mode_the_bot_still_gets_webhooks(backend: Backend) {
+    let Some(ledger) = Ledger::create(backend).await else {
+        return;
+    };
+    let bot = FakeBot::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace_ms = 1000\n\
+         [[bots]]\nname = \"shop\"\ntoken_env = \"BOT_TOKEN\"\nmode = \"poll\"\n\
+         api_base_url = \"{telegram}\"\npoll_timeout_secs = 1\n\
+         [bots.forward]\nurl = \"{bot}\"\nupdates = \"all\"\n",
+        telegram = telegram.base_url(),
+        bot = bot.url(),
+    );
+    let config = Config::parse(&text, &|name| {
+        (name == "BOT_TOKEN").then(|| TOKEN.to_owned())
+    })
+    .expect("test config");
+    let app = TestApp::spawn(&ledger, &config).await;
+    let bodies: Vec<Vec<u8>> = (1..=3).map(|i| spaced(1400 + i, 8, "polled")).collect();
+    for body in &bodies {
+        telegram.push_update(body.clone());
+    }
+    // Telegram repeats the first one (its offset was not confirmed yet, say).
+    telegram.push_update(bodies[0].clone());
+    let mut options = ForwarderOptions::new("fwd-poll");
+    options.idle_poll = Duration::from_millis(20);
+    let forwarder = Forwarder::new(&config, app.store.clone(), app.clock.clone(), options)
+        .expect("build")
+        .expect("a gateway");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        forwarder
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    wait_for(|| bot.acknowledged().len() >= 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stop.send(());
+    task.await.expect("the forwarder stops");
+    let received = bot.received();
+    let got: Vec<&[u8]> = received.iter().map(|r| r.body.as_slice()).collect();
+    let want: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        got, want,
+        "each polled update once, in order, as Telegram sent it"
+    );
+    app.stop().await;
+}
+
+/// Two `opledger serve` processes on one PostgreSQL ledger, Telegram's deliveries spread over
+/// both: every update reaches the bot once, each chat's in the order received, never two of one
+/// chat at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_on_one_postgres_ledger_keep_each_chat_in_order() {
+    let Some(ledger) = Ledger::create(Backend::Postgres).await else {
+        return;
+    };
+    let bot = FakeBot::start().await;
+    bot.set_mode(BotMode::Slow(Duration::from_millis(15)));
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let text = format!(
+        "[storage]\nurl = \"{url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+         [[bots]]\nname = \"shop\"\ntoken_env = \"SHOP_TOKEN\"\n\
+         webhook_secret_env = \"SHOP_SECRET\"\napi_base_url = \"{api}\"\n\
+         [bots.forward]\nurl = \"{bot}\"\nupdates = \"all\"\ntimeout_ms = 5000\n",
+        url = ledger.url(),
+        api = telegram.base_url(),
+        bot = bot.url(),
+    );
+    let config = crate::support::serving::write_config(dir.path(), "opledger.toml", &text);
+    let env = [
+        ("SHOP_TOKEN", TOKEN),
+        ("SHOP_SECRET", SECRET),
+        ("OPLEDGER_TEST_WORKER_MS", "20"),
+    ];
+    let start = || {
+        let mut command = crate::support::serving::opledger(&env);
+        command.arg("--config").arg(&config);
+        crate::support::serving::Serving::start(command)
+    };
+    let (mut first, mut second) = (start(), start());
+    let addresses = [first.address().await, second.address().await];
+    let http = reqwest::Client::new();
+    let chats = [11_i64, 12, 13, 14, 15];
+    let mut sent: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut update_id = 5000;
+    for round in 0..6 {
+        // Each chat's next update, all chats at once, each to one of the two processes.
+        let deliveries = chats.iter().enumerate().map(|(i, &chat)| {
+            update_id += 1;
+            sent.entry(chat).or_default().push(update_id);
+            let address = addresses[(i + round) % 2];
+            let body = message_from(update_id, 1_790_000_000, chat, "both");
+            let http = http.clone();
+            async move {
+                let answer = http
+                    .post(format!("http://{address}/telegram/shop/webhook"))
+                    .header("x-telegram-bot-api-secret-token", SECRET)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("the service answers");
+                assert_eq!(answer.status(), 200);
+            }
+        });
+        futures_util::future::join_all(deliveries).await;
+    }
+    wait_for(|| bot.acknowledged().len() >= 30).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.terminate().await;
+    second.terminate().await;
+    let received = bot.received();
+    assert_eq!(received.len(), 30, "each update once: {received:?}");
+    for (chat, ids) in &sent {
+        let got: Vec<i64> = received
+            .iter()
+            .filter(|r| r.chat_id == Some(*chat))
+            .filter_map(|r| r.update_id)
+            .collect();
+        assert_eq!(&got, ids, "chat {chat} in the order received");
+    }
+    assert_eq!(
+        bot.max_in_flight_per_chat(),
+        1,
+        "never two of one chat at once"
+    );
+    let stdout = first.stdout() + &second.stdout();
+    assert!(stdout.contains("gateway forwarding to"), "{stdout}");
 }
 
 async fn wait_for(condition: impl Fn() -> bool) {

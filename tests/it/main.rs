@@ -8,6 +8,7 @@ mod buttons;
 mod cli;
 mod conformance;
 mod crash;
+mod demo;
 mod echoed_secrets;
 mod edge;
 mod fixtures;

@@ -43,6 +43,10 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Watch opledger at work, no Telegram account needed (start here): a fake Telegram and a fake shop on
+    /// this machine, a duplicate delivery, a double click and a timed-out call, and what the
+    /// ledger, /status and the reconciliation queue show. Uses its own configuration.
+    Demo(cmd::demo::Demo),
     /// Run the service: Telegram webhooks and long polling, recorded before they are answered,
     /// and the worker that carries operations out.
     Serve(cmd::serve::Serve),
@@ -97,7 +101,11 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = settings::load(cli.config.as_deref())?;
+    // The demo brings its own configuration and ledger: no file of the user's is read.
+    let config = match cli.command {
+        Command::Demo(_) => opledger_config::Config::default(),
+        _ => settings::load(cli.config.as_deref())?,
+    };
     let url = settings::database_url(cli.database_url.as_deref(), &config);
     match cli.command {
         Command::Serve(serve) => cmd::serve::run(serve, config, &url).await,
@@ -112,6 +120,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Audit(audit) => audit.run(&url).await,
         Command::Timeline(timeline) => timeline.run(&url).await,
         Command::Replay(replay) => replay.run(&url).await,
+        Command::Demo(demo) => {
+            if cli.config.is_some() || cli.database_url.is_some() {
+                eprintln!(
+                    "note: the demo runs on its own configuration and ledger; --config and \
+                     --database-url (OPLEDGER_CONFIG, OPLEDGER_DATABASE_URL) are not used"
+                );
+            }
+            demo.run().await
+        }
     }
 }
 

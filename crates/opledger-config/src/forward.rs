@@ -7,10 +7,10 @@ use std::time::Duration;
 use secrecy::SecretString;
 use url::Url;
 
-use crate::config::{in_range, webhook_secret};
 use crate::error::ConfigError;
 use crate::raw::RawForward;
 use crate::template::http_url;
+use crate::values::{in_range, webhook_secret};
 
 /// Default time one attempt may take (Telegram waits about 60 s; bots answer in well under 10).
 const DEFAULT_FORWARD_TIMEOUT_MS: i64 = 10_000;
@@ -59,12 +59,6 @@ impl ForwardConfig {
         };
         let url =
             http_url(&text).map_err(|problem| ConfigError::key_problem(key("url"), problem))?;
-        if url.password().is_some() || !url.username().is_empty() {
-            return Err(ConfigError::key_problem(
-                key("url"),
-                "must not hold a user or password; present a secret with secret_env instead",
-            ));
-        }
         let (secret_env, secret) = match raw.secret_env {
             None => (None, None),
             Some(var) => {

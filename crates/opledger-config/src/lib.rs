@@ -24,6 +24,7 @@ mod forward;
 pub mod fuzzing;
 mod raw;
 pub mod template;
+mod values;
 
 pub use config::{
     ActionConfig, ApiClient, ApiConfig, BotConfig, BotMode, Config, EffectorConfig,

@@ -15,8 +15,9 @@ const CLIENT_TOKEN: &str = "CANARY-client-token-0123456789abcdef";
 /// The environment the tests run with: only the variables they name.
 fn env(name: &str) -> Option<String> {
     match name {
-        "SHOP_BOT_TOKEN" | "OTHER_BOT_TOKEN" => Some(TOKEN.to_owned()),
-        "SHOP_WEBHOOK_SECRET" => Some(WEBHOOK_SECRET.to_owned()),
+        "SHOP_BOT_TOKEN" | "OTHER_BOT_TOKEN" | "CRM_BOT_TOKEN" => Some(TOKEN.to_owned()),
+        "SHOP_WEBHOOK_SECRET" | "CRM_WEBHOOK_SECRET" => Some(WEBHOOK_SECRET.to_owned()),
+        "CRM_UPSTREAM_SECRET" => Some("canary_upstream-secret".to_owned()),
         "OPLEDGER_ADMIN_TOKEN" | "SAME_AS_ADMIN" => Some(ADMIN_TOKEN.to_owned()),
         "SHOP_API_TOKEN" | "SHOP_API_TOKEN_AGAIN" => Some(CLIENT_TOKEN.to_owned()),
         "OTHER_API_TOKEN" => Some("CANARY-other-client-0123456789".to_owned()),
@@ -66,7 +67,7 @@ fn example_file_parses_with_its_variables_set() {
         config.server.dedup_retention,
         Duration::from_secs(72 * 3600)
     );
-    assert_eq!(config.bots.len(), 1);
+    assert_eq!(config.bots.len(), 2, "shop, and crm behind a gateway");
     let bot = &config.bots[0];
     assert_eq!(bot.mode, BotMode::Webhook);
     assert_eq!(bot.token.expose_secret(), TOKEN);
@@ -145,6 +146,9 @@ fn example_file_uses_every_key() {
         "max_attempts",
         "confirmed",
         "failed",
+        "secret_env",
+        "updates",
+        "give_up_after_secs",
     ];
     for key in keys {
         assert!(
@@ -926,5 +930,80 @@ fn quoted_values_and_keys_keep_the_refusal_on_one_line() {
         error("[server]\n\"x\\u0085y\" = 1\n"),
     ] {
         assert!(!message.chars().any(char::is_control), "{message:?}");
+    }
+}
+
+#[test]
+fn a_gateway_is_read_with_its_defaults() {
+    let config = parse(&format!(
+        "{BOT}[bots.forward]\nurl = \"http://127.0.0.1:8081/webhook\"\n"
+    ))
+    .unwrap();
+    let forward = config.bots[0].forward.as_ref().expect("a gateway");
+    assert_eq!(forward.url.as_str(), "http://127.0.0.1:8081/webhook");
+    assert_eq!(forward.updates, opledger_config::ForwardUpdates::Unhandled);
+    assert_eq!(forward.timeout, Duration::from_secs(10));
+    assert_eq!(forward.give_up_after, Duration::from_secs(86_400));
+    assert!(forward.secret.is_none());
+    let example = parse(include_str!("../../../opledger.example.toml")).unwrap();
+    let crm = example
+        .bot("crm")
+        .and_then(|b| b.forward.as_ref())
+        .expect("the example's");
+    assert!(crm.secret.is_some());
+    assert!(
+        example
+            .redactor()
+            .redact("echo canary_upstream-secret")
+            .contains("[redacted]"),
+        "the upstream secret is scrubbed from outside text like every secret"
+    );
+}
+
+#[test]
+fn a_bad_gateway_names_its_key() {
+    for (keys, key, words) in [
+        ("", "bots[0].forward.url", "is required"),
+        ("url = \"ftp://x/y\"\n", "bots[0].forward.url", ""),
+        (
+            "url = \"http://user:pw@127.0.0.1/x\"\n",
+            "bots[0].forward.url",
+            "must not contain a user name or password",
+        ),
+        (
+            "url = \"http://127.0.0.1/x\"\nupdates = \"some\"\n",
+            "bots[0].forward.updates",
+            "\"all\" or \"unhandled\"",
+        ),
+        (
+            "url = \"http://127.0.0.1/x\"\ntimeout_ms = 50\n",
+            "bots[0].forward.timeout_ms",
+            "out of range",
+        ),
+        (
+            "url = \"http://127.0.0.1/x\"\ngive_up_after_secs = 0\n",
+            "bots[0].forward.give_up_after_secs",
+            "out of range",
+        ),
+        (
+            "url = \"http://127.0.0.1/x\"\nsecret_env = \"BAD_SECRET\"\n",
+            "bots[0].forward.secret_env",
+            "valid webhook secret",
+        ),
+        (
+            "url = \"http://127.0.0.1/x\"\nsecret = \"x\"\n",
+            "",
+            "secret",
+        ),
+    ] {
+        let error = parse(&format!("{BOT}[bots.forward]\n{keys}"))
+            .expect_err(keys)
+            .to_string();
+        assert!(error.contains(key), "{keys}: {error}");
+        assert!(error.contains(words), "{keys}: {error}");
+        assert!(
+            !error.contains("has spaces and !"),
+            "never the secret: {error}"
+        );
     }
 }

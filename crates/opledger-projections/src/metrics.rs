@@ -40,6 +40,11 @@ const COUNTERS: &[(&str, &str)] = &[
     ("KeyConflictRecorded", "key_conflicts"),
     ("BodyQuarantined", "quarantined"),
     ("TransitionRejected", "transitions_rejected"),
+    // The gateway's (no ledger before them holds these events, so the fold of an older ledger
+    // is unchanged and needs no new version).
+    ("UpdateForwarded", "updates_forwarded"),
+    ("ForwardFailed", "forward_failures"),
+    ("ForwardGivenUp", "forwards_given_up"),
 ];
 
 /// Every state an operation can be in, in the order a snapshot lists them.
@@ -79,6 +84,12 @@ pub struct MetricsSnapshot {
     pub quarantined: u64,
     /// Stale or late commands refused and recorded.
     pub transitions_rejected: u64,
+    /// Updates a gateway's bot acknowledged.
+    pub updates_forwarded: u64,
+    /// Attempts to forward an update that failed.
+    pub forward_failures: u64,
+    /// Updates a gateway gave up forwarding.
+    pub forwards_given_up: u64,
 }
 
 /// Why a page could not be folded into the metrics.
@@ -338,6 +349,9 @@ pub async fn snapshot(
         key_conflicts: 0,
         quarantined: 0,
         transitions_rejected: 0,
+        updates_forwarded: 0,
+        forward_failures: 0,
+        forwards_given_up: 0,
     };
     for part in parts {
         match part.kind.as_str() {
@@ -352,6 +366,9 @@ pub async fn snapshot(
                     "key_conflicts" => &mut snapshot.key_conflicts,
                     "quarantined" => &mut snapshot.quarantined,
                     "transitions_rejected" => &mut snapshot.transitions_rejected,
+                    "updates_forwarded" => &mut snapshot.updates_forwarded,
+                    "forward_failures" => &mut snapshot.forward_failures,
+                    "forwards_given_up" => &mut snapshot.forwards_given_up,
                     _ => continue,
                 };
                 *slot = count(part.value);

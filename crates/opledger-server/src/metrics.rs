@@ -18,6 +18,12 @@
 //! | `opledger_key_conflicts_total` | counter | `metrics` |
 //! | `opledger_quarantined_bodies_total` | counter | `metrics` |
 //! | `opledger_transitions_rejected_total` | counter | `metrics` |
+//! | `opledger_updates_forwarded_total` | counter | `metrics` (acknowledged by a gateway's bot) |
+//! | `opledger_forward_failures_total` | counter | `metrics` (failed attempts) |
+//! | `opledger_forwards_given_up_total` | counter | `metrics` |
+//! | `opledger_forward_waiting_updates{bot}` | gauge | `forward_queue` (not yet acknowledged) |
+//! | `opledger_forward_failing_updates{bot}` | gauge | `forward_queue` (of those, with a failed attempt) |
+//! | `opledger_oldest_unforwarded_update_age_seconds{bot}` | gauge | `forward_queue`: the gateway's lag |
 //! | `opledger_ledger_head_position` | gauge | the ledger's last position |
 //! | `opledger_projection_checkpoint_position{projection,state}` | gauge | projection registry |
 //! | `opledger_projection_lag_events{projection,state}` | gauge | head − checkpoint |
@@ -38,6 +44,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use opledger_projections::forward_queue::{self, QueueStats};
 use opledger_projections::metrics::{self as read_model, MetricsSnapshot};
 use opledger_projections::registry::{self, ProjectionStatus};
 use opledger_store::EventStore;
@@ -64,6 +71,9 @@ struct Stored {
     head: u64,
     snapshot: MetricsSnapshot,
     projections: Vec<ProjectionStatus>,
+    /// Each gateway's queue (bots with nothing waiting are absent).
+    forwarding: Vec<QueueStats>,
+    now: chrono::DateTime<chrono::Utc>,
 }
 
 /// `GET /metrics`.
@@ -94,10 +104,13 @@ async fn read(state: &AppState) -> Result<Stored, Box<dyn std::error::Error + Se
     let head = store.head().await?.position;
     let snapshot = read_model::snapshot(store.reader(), now).await?;
     let projections = registry::list(store).await?;
+    let forwarding = forward_queue::stats(store.reader()).await?;
     Ok(Stored {
         head,
         snapshot,
         projections,
+        forwarding,
+        now,
     })
 }
 
@@ -256,9 +269,25 @@ fn register_stored(registry: &mut Registry, stored: &Stored) {
             "Stale or late commands the domain refused and recorded (ledger)",
             snapshot.transitions_rejected,
         ),
+        (
+            "updates_forwarded",
+            "Updates a gateway forwarded and its bot acknowledged with 2xx (ledger)",
+            snapshot.updates_forwarded,
+        ),
+        (
+            "forward_failures",
+            "Attempts to forward an update to a bot's webhook that failed (ledger)",
+            snapshot.forward_failures,
+        ),
+        (
+            "forwards_given_up",
+            "Updates a gateway gave up forwarding after the configured age (ledger)",
+            snapshot.forwards_given_up,
+        ),
     ] {
         registry.register(name, help, counter(value));
     }
+    register_forwarding(registry, &stored.forwarding, stored.now);
     registry.register(
         "ledger_head_position",
         "The ledger's last position (events appended, all processes)",
@@ -285,5 +314,42 @@ fn register_stored(registry: &mut Registry, stored: &Stored) {
         "projection_lag_events",
         "Events appended that each projection version has not applied yet (head - checkpoint)",
         lags,
+    );
+}
+
+/// Each gateway's queue, labelled by the bot's configured name.
+fn register_forwarding(
+    registry: &mut Registry,
+    queues: &[QueueStats],
+    now: chrono::DateTime<chrono::Utc>,
+) {
+    let waiting = Family::<Labels, Gauge>::default();
+    let failing = Family::<Labels, Gauge>::default();
+    let oldest = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    for queue in queues {
+        let labels = vec![("bot", queue.bot.clone())];
+        waiting.get_or_create(&labels).set(signed(queue.waiting));
+        failing.get_or_create(&labels).set(signed(queue.failing));
+        let age = queue
+            .oldest_received_at
+            .map_or(0.0, |at| (now - at).as_seconds_f64().max(0.0));
+        oldest.get_or_create(&labels).set(age);
+    }
+    registry.register(
+        "forward_waiting_updates",
+        "Updates a gateway has not yet had acknowledged by its bot, per bot",
+        waiting,
+    );
+    registry.register(
+        "forward_failing_updates",
+        "Of the waiting updates, those with at least one failed attempt, per bot",
+        failing,
+    );
+    registry.register_with_unit(
+        "oldest_unforwarded_update_age",
+        "How long the oldest update a gateway still owes its bot has waited, per bot (absent \
+         when none waits)",
+        Unit::Seconds,
+        oldest,
     );
 }

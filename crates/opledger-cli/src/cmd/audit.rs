@@ -34,6 +34,11 @@ pub(crate) enum Audit {
 }
 
 impl Audit {
+    /// `audit verify` of the whole ledger, printed as text.
+    pub(crate) fn verify() -> Audit {
+        Audit::Verify(VerifyArgs::default())
+    }
+
     pub(crate) async fn run(self, url: &str) -> anyhow::Result<()> {
         match self {
             Audit::Verify(args) => match &args.export {
@@ -54,7 +59,7 @@ impl Audit {
     }
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub(crate) struct VerifyArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub(crate) mod audit;
+pub(crate) mod demo;
 pub(crate) mod events;
 pub(crate) mod migrate;
 pub(crate) mod ops;

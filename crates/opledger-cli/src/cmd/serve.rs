@@ -1,10 +1,14 @@
 //! `opledger serve`: the service. Webhook intake and long polling, recorded before answered;
 //! SIGINT or SIGTERM stops it gracefully.
 
+use std::future::Future;
+
+use crate::cmd::worker::Workers;
 use anyhow::Context;
 use opledger_config::{BotMode, Config};
 use opledger_projections::{Projector, ProjectorOptions};
 use opledger_server::App;
+use opledger_store::AnyStore;
 
 use crate::cmd::worker::WorkerArgs;
 use crate::database;
@@ -23,33 +27,21 @@ pub(crate) struct Serve {
     worker: WorkerArgs,
 }
 
+impl Default for Serve {
+    /// The service as `opledger serve` runs it without options: worker and read models in
+    /// this process.
+    fn default() -> Self {
+        Serve {
+            no_worker: false,
+            no_projections: false,
+            worker: WorkerArgs::default(),
+        }
+    }
+}
+
 pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Result<()> {
     let store = database::open(url).await?;
-    // Registers the read models; one whose definition changed is rebuilt (an inline one before
-    // the service starts, an asynchronous one in the background while its old version serves).
-    let projector = if serve.no_projections {
-        None
-    } else {
-        let mut projector = Projector::new(
-            store.clone(),
-            opledger_projections::builtin(),
-            ProjectorOptions {
-                runner: runner_id(),
-                ..ProjectorOptions::default()
-            },
-        );
-        projector
-            .prepare()
-            .await
-            .context("cannot prepare the read models")?;
-        Some(projector)
-    };
-    let worker = if serve.no_worker {
-        None
-    } else {
-        Some(serve.worker.build(&config, store.clone())?)
-    };
-    let app = App::build(&config, store);
+    let service = Service::build(&serve, &config, store).await?;
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
         .with_context(|| {
@@ -69,7 +61,8 @@ pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Resu
     if config.bots.is_empty() {
         say(format_args!(
             "no bot is configured yet: add a [[bots]] section to a configuration file (see \
-             opledger.example.toml and docs/config.md) and pass it with --config"
+             opledger.example.toml and docs/config.md) and pass it with --config, or watch \
+             opledger at work with `opledger demo`"
         ));
     }
     for bot in &config.bots {
@@ -90,41 +83,100 @@ pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Resu
             ));
         }
     }
-    // On SIGINT or SIGTERM the worker stops first: the operations in hand finish their step
-    // (the service keeps answering meanwhile), then the service shuts down and closes the
-    // store. A step cut off by a closed store would leave a call's outcome unknown.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let projector = projector.map(|projector| {
-        let mut stopped = stopped.clone();
-        tokio::spawn(projector.run(async move {
-            let _ = stopped.wait_for(|stop| *stop).await;
-        }))
-    });
-    let worker = worker.map(|worker| {
-        let mut stopped = stopped.clone();
-        tokio::spawn(async move {
-            worker
-                .run(async move {
-                    let _ = stopped.wait_for(|stop| *stop).await;
-                })
-                .await;
-        })
-    });
-    let served = app
-        .run(listener, async move {
-            shutdown_signal().await;
-            let _ = stop.send(true);
-            if let Some(worker) = worker {
-                let _ = worker.await;
-            }
-            if let Some(projector) = projector {
-                let _ = projector.await;
-            }
-        })
-        .await;
-    served.context("the service stopped with an error")?;
+    service.run(listener, shutdown_signal()).await?;
     say(format_args!("opledger stopped"));
     Ok(())
+}
+
+/// The service's parts on one ledger, built from its configuration: the read models' runner
+/// (prepared), the worker and the app. `serve` runs it until a signal, `demo` until its story
+/// is told.
+#[derive(Debug)]
+pub(crate) struct Service {
+    app: App,
+    worker: Option<Workers>,
+    projector: Option<Projector>,
+}
+
+impl Service {
+    /// Registers the read models (one whose definition changed is rebuilt: an inline one
+    /// before the service starts, an asynchronous one in the background while its old version
+    /// serves), builds the worker and the app.
+    pub(crate) async fn build(
+        serve: &Serve,
+        config: &Config,
+        store: AnyStore,
+    ) -> anyhow::Result<Service> {
+        let projector = if serve.no_projections {
+            None
+        } else {
+            let mut projector = Projector::new(
+                store.clone(),
+                opledger_projections::builtin(),
+                ProjectorOptions {
+                    runner: runner_id(),
+                    ..ProjectorOptions::default()
+                },
+            );
+            projector
+                .prepare()
+                .await
+                .context("cannot prepare the read models")?;
+            Some(projector)
+        };
+        let worker = if serve.no_worker {
+            None
+        } else {
+            Some(serve.worker.build(config, store.clone())?)
+        };
+        Ok(Service {
+            app: App::build(config, store),
+            worker,
+            projector,
+        })
+    }
+
+    /// Serves on `listener` until `shutdown` resolves. Then the worker stops first: the
+    /// operations in hand finish their step (the service keeps answering meanwhile); then the
+    /// read models' runner, and the service shuts down and closes the store. A step cut off by
+    /// a closed store would leave a call's outcome unknown.
+    pub(crate) async fn run(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let projector = self.projector.map(|projector| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(projector.run(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }))
+        });
+        let worker = self.worker.map(|worker| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                worker
+                    .run(async move {
+                        let _ = stopped.wait_for(|stop| *stop).await;
+                    })
+                    .await;
+            })
+        });
+        let served = self
+            .app
+            .run(listener, async move {
+                shutdown.await;
+                let _ = stop.send(true);
+                if let Some(worker) = worker {
+                    let _ = worker.await;
+                }
+                if let Some(projector) = projector {
+                    let _ = projector.await;
+                }
+            })
+            .await;
+        served.context("the service stopped with an error")
+    }
 }
 
 /// This process's name in the projection registry's `runner` column: `host:pid`.

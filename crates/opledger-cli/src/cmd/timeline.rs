@@ -1,4 +1,6 @@
-//! `opledger timeline OP`: one operation's history, in ledger order.
+//! `opledger timeline OP`: one operation's history, in ledger order; or one update's
+//! (`update-{bot}-{update_id}`: its receipt, repeats and, behind a gateway, every attempt to
+//! forward it to the bot).
 //!
 //! Every event of the operation's stream with its position, time and version, what it said (the
 //! fields that move its state: attempt, worker, lease, external id, reason, reply …; digests and
@@ -18,7 +20,8 @@ use crate::output::{Output, timestamp};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Timeline {
-    /// The operation: its id (a UUID, as `opledger ops` lists it) or its stream id (`op-…`).
+    /// The operation: its id (a UUID, as `opledger ops` lists it) or its stream id (`op-…`); or
+    /// an update's stream id (`update-{bot}-{update_id}`).
     #[arg(value_name = "OP")]
     operation: String,
     /// Print JSON Lines (one object per event) instead of a table.
@@ -59,6 +62,14 @@ struct Entry {
 }
 
 impl Timeline {
+    /// The table of one operation's history; `operation` is its id or stream id.
+    pub(crate) fn of(operation: String) -> Timeline {
+        Timeline {
+            operation,
+            json: false,
+        }
+    }
+
     pub(crate) async fn run(self, url: &str) -> anyhow::Result<()> {
         let reader = open_reader(url).await?;
         let stream = self.stream(&reader).await?;
@@ -67,7 +78,10 @@ impl Timeline {
             bail!(self.unknown());
         }
         let mut entries: Vec<Entry> = events.iter().map(entry).collect();
-        entries.extend(deliveries(&reader, &stream, &entries).await?);
+        let is_update = stream.as_str().starts_with("update-");
+        if !is_update {
+            entries.extend(deliveries(&reader, &stream, &entries).await?);
+        }
         entries.sort_by_key(|e| e.position);
         reader.close().await;
 
@@ -86,12 +100,21 @@ impl Timeline {
                 .map(|v| text(&v))
                 .unwrap_or_else(|| "?".to_owned())
         };
-        out.line(format_args!(
-            "operation {}  action {}  key {}  stream {stream}",
-            field("operation_id"),
-            field("action"),
-            field("business_key"),
-        ))?;
+        if is_update {
+            out.line(format_args!(
+                "update {}  bot {}  kind {}  stream {stream}",
+                field("update_id"),
+                field("bot"),
+                field("kind"),
+            ))?;
+        } else {
+            out.line(format_args!(
+                "operation {}  action {}  key {}  stream {stream}",
+                field("operation_id"),
+                field("action"),
+                field("business_key"),
+            ))?;
+        }
         out.line(format_args!(
             "{:>10}  {:<27}  {:<24}  {:<26}  {:<22}  {:<24}  DETAILS",
             "POSITION", "RECORDED_AT", "STREAM@VERSION", "EVENT", "CAUSE", "CORRELATION"
@@ -135,7 +158,7 @@ impl Timeline {
     /// The operation's stream: given as `op-…`, or looked up by operation id.
     async fn stream(&self, reader: &LedgerReader) -> anyhow::Result<StreamId> {
         let operation = self.operation.trim();
-        if operation.starts_with("op-") {
+        if operation.starts_with("op-") || operation.starts_with("update-") {
             return StreamId::new(operation)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", self.unknown()));
         }

@@ -16,7 +16,7 @@ use crate::database;
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct WorkerArgs {
     /// Operations worked on at once by this process.
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=1024))]
     worker_concurrency: u16,
     /// This worker's id in its claims (default: worker-<pid>-<random>); unique per process.
     #[arg(long, value_name = "ID")]
@@ -53,6 +53,20 @@ impl Workers {
                 }
             },
         );
+    }
+}
+
+/// Operations one worker process works on at once unless told otherwise.
+const DEFAULT_CONCURRENCY: u16 = 4;
+
+impl Default for WorkerArgs {
+    /// The worker as `opledger serve` runs it without options.
+    fn default() -> Self {
+        WorkerArgs {
+            worker_concurrency: DEFAULT_CONCURRENCY,
+            worker_id: None,
+            no_replies: false,
+        }
     }
 }
 

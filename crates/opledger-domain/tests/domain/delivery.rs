@@ -106,19 +106,35 @@ fn malformed_arrivals_are_refused() {
     };
     let cases: [(DeliveryCommand, &str); 4] = [
         (
-            with(|DeliveryCommand::RecordUpdate { bot, .. }| *bot = "Shop Bot".to_owned()),
+            with(|c| {
+                if let DeliveryCommand::RecordUpdate { bot, .. } = c {
+                    *bot = "Shop Bot".to_owned();
+                }
+            }),
             "bot must be 1 to 64 characters from a-z, 0-9 and _",
         ),
         (
-            with(|DeliveryCommand::RecordUpdate { kind, .. }| kind.clear()),
+            with(|c| {
+                if let DeliveryCommand::RecordUpdate { kind, .. } = c {
+                    kind.clear();
+                }
+            }),
             "kind must not be empty",
         ),
         (
-            with(|DeliveryCommand::RecordUpdate { digest, .. }| digest.clear()),
+            with(|c| {
+                if let DeliveryCommand::RecordUpdate { digest, .. } = c {
+                    digest.clear();
+                }
+            }),
             "digest must not be empty",
         ),
         (
-            with(|DeliveryCommand::RecordUpdate { retention, .. }| *retention = TimeDelta::zero()),
+            with(|c| {
+                if let DeliveryCommand::RecordUpdate { retention, .. } = c {
+                    *retention = TimeDelta::zero();
+                }
+            }),
             "retention must be positive",
         ),
     ];
@@ -132,7 +148,9 @@ fn malformed_arrivals_are_refused() {
 #[test]
 fn a_raw_body_is_kept_only_when_asked_for() {
     let mut command = record(DIGEST_A, 0);
-    let DeliveryCommand::RecordUpdate { raw_body, .. } = &mut command;
+    let DeliveryCommand::RecordUpdate { raw_body, .. } = &mut command else {
+        unreachable!("a record")
+    };
     *raw_body = Some(r#"{"update_id":1}"#.to_owned());
     given::<Delivery>([]).when(command, t(0)).then(vec![
         update_received(DIGEST_A, 0, 1),
@@ -144,7 +162,9 @@ fn a_raw_body_is_kept_only_when_asked_for() {
     ]);
     // A duplicate never stores the body again.
     let mut repeat = record(DIGEST_A, 10);
-    let DeliveryCommand::RecordUpdate { raw_body, .. } = &mut repeat;
+    let DeliveryCommand::RecordUpdate { raw_body, .. } = &mut repeat else {
+        unreachable!("a record")
+    };
     *raw_body = Some(r#"{"update_id":1}"#.to_owned());
     let (_, result) = given::<Delivery>([update_received(DIGEST_A, 0, 1)])
         .when(repeat, t(10))

@@ -7,8 +7,9 @@ use opledger_domain::callback_token::{
     CallbackTokenEvent, TokenConsumed, TokenIssued, TokenRejected, TokenRejection,
 };
 use opledger_domain::delivery::{
-    DeliveryCommand, DeliveryEvent, DuplicateDeliveryObserved, RawUpdateStored, UpdateIdCollision,
-    UpdateReceived,
+    AnswerCallFailed, AnswerCallSent, AnswerCallStarted, DeliveryCommand, DeliveryEvent,
+    DuplicateDeliveryObserved, ForwardFailed, ForwardGivenUp, ForwardStarted, RawUpdateStored,
+    UpdateForwarded, UpdateIdCollision, UpdateReceived,
 };
 use opledger_domain::operation::{
     Claimed, CommandKind, Confirmed, ConfirmedVia, ExternalCallSent, Failed, KeyConflictRecorded,
@@ -298,6 +299,7 @@ pub(crate) fn record(digest: &str, at: i64) -> DeliveryCommand {
         operation: Some(link(false)),
         retention: TimeDelta::days(7),
         raw_body: None,
+        forward: false,
     }
 }
 
@@ -315,6 +317,7 @@ pub(crate) fn update_received(digest: &str, at: i64, epoch: u32) -> DeliveryEven
         message_date: Some(t(at - 1)),
         received_at: t(at),
         operation: Some(link(false)),
+        forward: false,
     }
     .into()
 }
@@ -339,6 +342,55 @@ pub(crate) fn every_delivery_event() -> Vec<DeliveryEvent> {
         RawUpdateStored {
             epoch: 1,
             body: r#"{"update_id":1,"message":{"text":"/coupon spring"}}"#.to_owned(),
+        }
+        .into(),
+        ForwardStarted {
+            epoch: 1,
+            attempt: 2,
+            forwarder: W1.to_owned(),
+            lease_until: t(75),
+        }
+        .into(),
+        UpdateForwarded {
+            epoch: 1,
+            attempt: 2,
+            status: 200,
+            elapsed_ms: 12,
+        }
+        .into(),
+        ForwardFailed {
+            epoch: 1,
+            attempt: 1,
+            status: Some(503),
+            error: "the bot answered 503 Service Unavailable".to_owned(),
+            retry_at: t(62),
+        }
+        .into(),
+        ForwardGivenUp {
+            epoch: 1,
+            attempts: 9,
+            reason: "the bot did not acknowledge it within 24.00 h of its receipt (9 attempts)"
+                .to_owned(),
+        }
+        .into(),
+        AnswerCallStarted {
+            epoch: 1,
+            method: "sendMessage".to_owned(),
+            digest: DIGEST_B.to_owned(),
+            lease_until: t(130),
+        }
+        .into(),
+        AnswerCallSent {
+            epoch: 1,
+            method: "sendMessage".to_owned(),
+            message_id: Some(77),
+        }
+        .into(),
+        AnswerCallFailed {
+            epoch: 1,
+            method: "sendMessage".to_owned(),
+            error: "no answer from the bot api to the bot's answer call in time".to_owned(),
+            known: false,
         }
         .into(),
     ]

@@ -3,6 +3,7 @@
 mod callback_token;
 mod delivery;
 mod fixtures;
+mod forward;
 mod harness;
 mod ids;
 mod operation;

@@ -233,7 +233,9 @@ proptest! {
             now += TimeDelta::seconds(advance);
             let digest = if same { DIGEST_A } else { DIGEST_B };
             let mut command = record(digest, 0);
-            let DeliveryCommand::RecordUpdate { received_at, .. } = &mut command;
+            let DeliveryCommand::RecordUpdate { received_at, .. } = &mut command else {
+        unreachable!("a record")
+    };
             *received_at = now;
             let events = delivery::decide(&state, &command, now).expect("well-formed arrivals");
             prop_assert_eq!(events.len(), 1);
