@@ -125,6 +125,7 @@ fn receipt(body: &[u8], at: i64, epoch: u32, operation: Option<OperationLink>) -
         message_date: update.message_date,
         received_at: t(at),
         operation,
+        forward: false,
     }
     .into()
 }
