@@ -132,6 +132,7 @@ on_both_backends!(
     a_refused_method_in_the_answer_is_not_called,
     forwarding_shows_in_metrics_and_the_timeline,
     in_poll_mode_the_bot_still_gets_webhooks,
+    attachments_exist_exactly_with_their_appends,
 );
 
 async fn forwards_the_exact_bytes_once_with_headers(backend: Backend) {
@@ -661,6 +662,79 @@ async fn two_processes_on_one_postgres_ledger_keep_each_chat_in_order() {
     );
     let stdout = first.stdout() + &second.stdout();
     assert!(stdout.contains("gateway forwarding to"), "{stdout}");
+}
+
+/// The store's attachments (ADR 0012): written only with an accepted append, deleted only by
+/// one, the later word in one batch winning, and never part of the hash chain.
+async fn attachments_exist_exactly_with_their_appends(backend: Backend) {
+    use opledger_store::{AppendRequest, Attachment, ExpectedVersion, NewEvent};
+    let Some(ledger) = Ledger::create(backend).await else {
+        return;
+    };
+    let store = ledger.open().await;
+    let s = StreamId::new("test-1").expect("a stream id");
+    let event = || {
+        NewEvent::from_serialize("Tested", 1, &serde_json::json!({}), &serde_json::json!({}))
+            .expect("an event")
+    };
+    let with = |expected, attach: &[(&str, &[u8])], detach: &[&str]| {
+        let mut request = AppendRequest::new(s.clone(), expected, vec![event()]);
+        request.attach = attach
+            .iter()
+            .map(|(name, body)| Attachment {
+                name: (*name).to_owned(),
+                body: body.to_vec(),
+            })
+            .collect();
+        request.detach = detach.iter().map(|n| (*n).to_owned()).collect();
+        request
+    };
+    store
+        .append(vec![with(
+            ExpectedVersion::NoStream,
+            &[("a", b"\x00bytes\xff")],
+            &[],
+        )])
+        .await
+        .expect("append");
+    assert_eq!(
+        store.attachment(&s, "a").await.expect("read").as_deref(),
+        Some(&b"\x00bytes\xff"[..]),
+        "any bytes, exactly"
+    );
+    // A call refused for its version writes no attachment.
+    let refused = store
+        .append(vec![with(
+            ExpectedVersion::Exact(7),
+            &[("b", b"never")],
+            &[],
+        )])
+        .await;
+    assert!(refused.is_err());
+    assert_eq!(store.attachment(&s, "b").await.expect("read"), None);
+    // Concurrent calls share a batch: the later word on a name wins.
+    let (first, second) = tokio::join!(
+        store.append(vec![with(ExpectedVersion::Any, &[("c", b"one")], &[])]),
+        store.append(vec![with(ExpectedVersion::Any, &[], &["a"])]),
+    );
+    first.expect("append");
+    second.expect("append");
+    assert_eq!(
+        store.attachment(&s, "a").await.expect("read"),
+        None,
+        "detached"
+    );
+    assert_eq!(
+        store.attachment(&s, "c").await.expect("read").as_deref(),
+        Some(&b"one"[..])
+    );
+    let events = store.read_all(1, 100).await.expect("read");
+    assert_eq!(events.len(), 3, "the refused call appended nothing");
+    assert!(
+        events.iter().all(|e| e.payload == b"{}"),
+        "attachments are not in the history"
+    );
+    store.close().await;
 }
 
 async fn wait_for(condition: impl Fn() -> bool) {

@@ -15,8 +15,6 @@
 //! is created and dropped), `OPLEDGER_BENCH_BACKENDS` (default `sqlite,postgres`).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -85,71 +83,35 @@ async fn upstream() -> (String, Arrivals) {
     (format!("http://{address}/webhook"), arrivals)
 }
 
-/// A running `opledger serve` on a port it chose.
-struct Service {
-    child: Child,
-    base: String,
-}
+#[path = "common/serving.rs"]
+mod serving;
+use serving::Service;
 
-impl Service {
-    fn start(dir: &std::path::Path, storage_url: &str, forward: Option<&str>) -> Service {
-        let config = dir.join("opledger.toml");
-        let gateway = forward.map_or_else(String::new, |url| {
-            format!("[bots.forward]\nurl = \"{url}\"\nupdates = \"all\"\n")
-        });
-        std::fs::write(
-            &config,
-            format!(
-                "[storage]\nurl = \"{storage_url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-                 [api]\nadmin_token_env = \"LOAD_ADMIN\"\n\
-                 [[api.clients]]\nname = \"handlers\"\nbot = \"shop\"\ntoken_env = \"LOAD_CLIENT\"\n\
-                 [[bots]]\nname = \"shop\"\ntoken_env = \"LOAD_TOKEN\"\n\
-                 webhook_secret_env = \"LOAD_SECRET\"\napi_base_url = \"http://127.0.0.1:9\"\n\
-                 {gateway}\
-                 [[actions]]\nname = \"lead\"\nbot = \"shop\"\ncommand = \"lead\"\n\
-                 params = [\"name\"]\nkey = \"{{name}}\"\n"
-            ),
-        )
-        .expect("write the configuration");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
-            .arg("--config")
-            .arg(&config)
-            .arg("serve")
-            .env("LOAD_TOKEN", "1:load")
-            .env("LOAD_SECRET", SECRET)
-            .env("LOAD_ADMIN", "gateway-bench-admin-token-0123456789")
-            .env("LOAD_CLIENT", CLIENT)
-            .env("OPLEDGER_LOG", "error")
-            .current_dir(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start opledger serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let first = BufReader::new(stdout)
-            .lines()
-            .next()
-            .expect("a line")
-            .expect("read");
-        let address = first
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .expect("the serving line names the address")
-            .to_owned();
-        Service {
-            child,
-            base: format!("http://{address}"),
-        }
-    }
-
-    fn stop(mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
-    }
+/// `opledger serve` with bot `shop` (forwarding to `forward`, if given), a client of the
+/// operations API and an action `lead` without an effector, on `storage_url`.
+fn start(dir: &std::path::Path, storage_url: &str, forward: Option<&str>) -> Service {
+    let gateway = forward.map_or_else(String::new, |url| {
+        format!("[bots.forward]\nurl = \"{url}\"\nupdates = \"all\"\n")
+    });
+    Service::start(
+        dir,
+        &format!(
+            "[storage]\nurl = \"{storage_url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+             [api]\nadmin_token_env = \"LOAD_ADMIN\"\n\
+             [[api.clients]]\nname = \"handlers\"\nbot = \"shop\"\ntoken_env = \"LOAD_CLIENT\"\n\
+             [[bots]]\nname = \"shop\"\ntoken_env = \"LOAD_TOKEN\"\n\
+             webhook_secret_env = \"LOAD_SECRET\"\napi_base_url = \"http://127.0.0.1:9\"\n\
+             {gateway}\
+             [[actions]]\nname = \"lead\"\nbot = \"shop\"\ncommand = \"lead\"\n\
+             params = [\"name\"]\nkey = \"{{name}}\"\n"
+        ),
+        &[
+            ("LOAD_TOKEN", "1:load"),
+            ("LOAD_SECRET", SECRET),
+            ("LOAD_ADMIN", "gateway-bench-admin-token-0123456789"),
+            ("LOAD_CLIENT", CLIENT),
+        ],
+    )
 }
 
 /// What senders measured: per request its number, when it was sent and how long the answer
@@ -247,7 +209,7 @@ fn webhook(base: &str) -> impl Fn(&reqwest::Client, u64) -> reqwest::RequestBuil
 
 async fn intake_phase(backend: &'static str, url: &str, dir: &std::path::Path) -> Row {
     let (seconds, senders) = knobs();
-    let service = Service::start(dir, url, None);
+    let service = start(dir, url, None);
     let sent = closed_loop(senders, seconds, webhook(&service.base), |s| s.is_success()).await;
     service.stop();
     let mut acks: Vec<Duration> = sent.requests.iter().map(|r| r.2).collect();
@@ -266,7 +228,7 @@ async fn intake_phase(backend: &'static str, url: &str, dir: &std::path::Path) -
 async fn gateway_phase(backend: &'static str, url: &str, dir: &std::path::Path) -> Row {
     let (seconds, senders) = knobs();
     let (upstream, arrivals) = upstream().await;
-    let service = Service::start(dir, url, Some(&upstream));
+    let service = start(dir, url, Some(&upstream));
     let sent = closed_loop(senders, seconds, webhook(&service.base), |s| s.is_success()).await;
     // Then wait for the forwarder to drain what was acknowledged.
     let drain = Instant::now();
@@ -303,7 +265,7 @@ async fn gateway_phase(backend: &'static str, url: &str, dir: &std::path::Path) 
 
 async fn operations_phase(backend: &'static str, url: &str, dir: &std::path::Path) -> Row {
     let (seconds, senders) = knobs();
-    let service = Service::start(dir, url, None);
+    let service = start(dir, url, None);
     let endpoint = format!("{}/v1/operations", service.base);
     let request = move |client: &reqwest::Client, n: u64| {
         client

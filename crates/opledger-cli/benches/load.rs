@@ -11,8 +11,6 @@
 //! scratch database is created and dropped), `OPLEDGER_BENCH_BACKENDS` (default
 //! `sqlite,postgres`).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -46,63 +44,24 @@ fn update(n: u64) -> Vec<u8> {
     .expect("JSON")
 }
 
-/// A running `opledger serve` on a port it chose.
-struct Service {
-    child: Child,
-    url: String,
-}
+#[path = "common/serving.rs"]
+mod serving;
 
-impl Service {
-    fn start(dir: &std::path::Path, storage_url: &str) -> Service {
-        let config = dir.join("opledger.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[storage]\nurl = \"{storage_url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-                 [[bots]]\nname = \"shop\"\ntoken_env = \"LOAD_TOKEN\"\n\
-                 webhook_secret_env = \"LOAD_SECRET\"\n\
-                 [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
-                 params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n"
-            ),
-        )
-        .expect("write the configuration");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
-            .arg("--config")
-            .arg(&config)
-            .arg("serve")
-            .env("LOAD_TOKEN", "1:load")
-            .env("LOAD_SECRET", SECRET)
-            .env("OPLEDGER_LOG", "error")
-            .current_dir(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start opledger serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let first = BufReader::new(stdout)
-            .lines()
-            .next()
-            .expect("a line")
-            .expect("read");
-        let address = first
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .expect("the serving line names the address")
-            .to_owned();
-        Service {
-            child,
-            url: format!("http://{address}/telegram/shop/webhook"),
-        }
-    }
-
-    fn stop(mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
-    }
+/// `opledger serve` with bot `shop` and the coupon action, on `storage_url`; its webhook URL.
+fn start(dir: &std::path::Path, storage_url: &str) -> (serving::Service, String) {
+    let service = serving::Service::start(
+        dir,
+        &format!(
+            "[storage]\nurl = \"{storage_url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+             [[bots]]\nname = \"shop\"\ntoken_env = \"LOAD_TOKEN\"\n\
+             webhook_secret_env = \"LOAD_SECRET\"\n\
+             [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
+             params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n"
+        ),
+        &[("LOAD_TOKEN", "1:load"), ("LOAD_SECRET", SECRET)],
+    );
+    let url = format!("{}/telegram/shop/webhook", service.base);
+    (service, url)
 }
 
 struct Measured {
@@ -261,13 +220,13 @@ async fn raw_sqlite_rate(dir: &std::path::Path, seconds: u64) -> f64 {
 async fn run_backend(name: &str, storage_url: &str, dir: &std::path::Path) -> (Measured, Measured) {
     let seconds = env_number("OPLEDGER_LOAD_SECONDS", 20);
     let senders = env_number("OPLEDGER_LOAD_SENDERS", 64);
-    let service = Service::start(dir, storage_url);
+    let (service, url) = start(dir, storage_url);
     let next = Arc::new(AtomicU64::new(0));
     eprintln!("{name}: {senders} senders for {seconds} s...");
-    let full = closed_loop(&service.url, senders, seconds, next.clone()).await;
+    let full = closed_loop(&url, senders, seconds, next.clone()).await;
     let quarter = full.acks_per_second / 4.0;
     eprintln!("{name}: paced at {quarter:.0}/s...");
-    let paced = paced(&service.url, quarter, seconds.clamp(3, 10), next).await;
+    let paced = paced(&url, quarter, seconds.clamp(3, 10), next).await;
     service.stop();
     (full, paced)
 }

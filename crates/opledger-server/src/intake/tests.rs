@@ -209,6 +209,22 @@ impl Given {
         self
     }
 
+    /// The shop bot with a gateway forwarding `updates` (`all` or `unhandled`).
+    fn with_gateway(mut self, updates: &str) -> Self {
+        let env = HashMap::from([("SHOP_TOKEN", "1:token"), ("SHOP_SECRET", "secret")]);
+        let text = CONFIG.replacen(
+            "webhook_secret_env = \"SHOP_SECRET\"\n",
+            &format!(
+                "webhook_secret_env = \"SHOP_SECRET\"\n[bots.forward]\n\
+                 url = \"http://127.0.0.1:8081/webhook\"\nupdates = \"{updates}\"\n"
+            ),
+            1,
+        );
+        self.config = Config::parse(&text, &|name| env.get(name).map(|v| (*v).to_owned()))
+            .expect("the test configuration");
+        self
+    }
+
     /// Decides `body` arriving at `at`.
     fn when(self, body: &[u8], at: i64) -> Then {
         let update = parse_update(body).expect("an update");
@@ -268,6 +284,23 @@ impl Then {
             Some((expected, events)),
             "staged on {stream}"
         );
+        self
+    }
+
+    /// Asserts the attachments written with `stream`'s append: `(name, body)`.
+    fn attaches(&self, stream: &StreamId, expected: &[(&str, &[u8])]) -> &Self {
+        let request = self
+            .changes
+            .requests()
+            .iter()
+            .find(|r| &r.stream == stream)
+            .expect("staged");
+        let attached: Vec<(&str, &[u8])> = request
+            .attach
+            .iter()
+            .map(|a| (a.name.as_str(), a.body.as_slice()))
+            .collect();
+        assert_eq!(attached, expected, "attached to {stream}");
         self
     }
 
@@ -949,4 +982,80 @@ fn a_submission_that_does_not_fit_its_action_is_refused_and_stages_nothing() {
         assert!(refused.starts_with(expected), "{refused}");
         assert!(changes.is_empty(), "nothing staged for {asked:?}");
     }
+}
+
+/// The receipt of `body` to be forwarded to the bot's webhook.
+fn forwarded_receipt(body: &[u8], at: i64, operation: Option<OperationLink>) -> DeliveryEvent {
+    let DeliveryEvent::UpdateReceived(received) = receipt(body, at, 1, operation) else {
+        unreachable!("a receipt")
+    };
+    UpdateReceived {
+        forward: true,
+        ..received
+    }
+    .into()
+}
+
+#[test]
+fn behind_a_gateway_what_opledger_does_not_answer_is_forwarded_with_its_exact_bytes() {
+    let body = message(1, 0, "hello");
+    first_attempt()
+        .with_gateway("unhandled")
+        .when(&body, 1)
+        .routed(1, Route::Nothing)
+        .staged(
+            &delivery(1),
+            ExpectedVersion::NoStream,
+            vec![forwarded_receipt(&body, 1, None)],
+        )
+        .attaches(&delivery(1), &[("raw:1", &body)]);
+}
+
+#[test]
+fn behind_a_gateway_start_and_help_are_the_bot_s_own() {
+    for text in ["/start", "/help"] {
+        let body = message(1, 0, text);
+        first_attempt()
+            .with_gateway("unhandled")
+            .when(&body, 1)
+            .routed(1, Route::Nothing)
+            .attaches(&delivery(1), &[("raw:1", &body)]);
+    }
+}
+
+#[test]
+fn unhandled_keeps_opledger_s_own_commands_and_all_forwards_them_too() {
+    let body = message(1, 0, "/coupon spring");
+    let link = link("coupon", "spring:7", false);
+    first_attempt()
+        .with_gateway("unhandled")
+        .when(&body, 1)
+        .routed(1, Route::Started(link.clone()))
+        .staged(
+            &delivery(1),
+            ExpectedVersion::NoStream,
+            vec![receipt(&body, 1, 1, Some(link.clone()))],
+        )
+        .attaches(&delivery(1), &[]);
+    first_attempt()
+        .with_gateway("all")
+        .when(&body, 1)
+        .routed(1, Route::Started(link.clone()))
+        .staged(
+            &delivery(1),
+            ExpectedVersion::NoStream,
+            vec![forwarded_receipt(&body, 1, Some(link))],
+        )
+        .attaches(&delivery(1), &[("raw:1", &body)]);
+}
+
+#[test]
+fn a_repeat_behind_a_gateway_is_noted_and_never_forwarded_again() {
+    let body = message(1, 0, "hello");
+    given()
+        .with_gateway("all")
+        .stream::<Delivery>(&delivery(1), &[forwarded_receipt(&body, 1, None)])
+        .when(&body, 5)
+        .decided(Decided::Duplicate)
+        .attaches(&delivery(1), &[]);
 }

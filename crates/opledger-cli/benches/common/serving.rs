@@ -1,0 +1,57 @@
+//! A real `opledger serve` for the benchmarks: started with a configuration written to a
+//! folder, found by the address its first line names, stopped with SIGTERM. Shared by the
+//! `load` and `gateway` benchmarks (`#[path]` modules: each bench is its own crate).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// A running `opledger serve` on a port it chose.
+pub(crate) struct Service {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
+}
+
+impl Service {
+    /// Starts `serve` with `config` (TOML, written to `dir/opledger.toml`) and `env`, logging
+    /// only errors.
+    pub(crate) fn start(dir: &std::path::Path, config: &str, env: &[(&str, &str)]) -> Service {
+        let path = dir.join("opledger.toml");
+        std::fs::write(&path, config).expect("write the configuration");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .arg("--config")
+            .arg(&path)
+            .arg("serve")
+            .envs(env.iter().copied())
+            .env("OPLEDGER_LOG", "error")
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start opledger serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let first = BufReader::new(stdout)
+            .lines()
+            .next()
+            .expect("a line")
+            .expect("read");
+        let address = first
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("the serving line names the address")
+            .to_owned();
+        Service {
+            child,
+            base: format!("http://{address}"),
+        }
+    }
+
+    pub(crate) fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
