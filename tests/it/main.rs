@@ -22,6 +22,7 @@ mod read_commands;
 mod read_models;
 mod reconcile;
 mod replay;
+mod resolution_api;
 mod serve;
 mod status;
 mod storage_failure;

@@ -13,12 +13,12 @@
 //! - [`effector`]: the [`Effector`] trait and what it answers; [`http`]: the built-in
 //!   [`HttpEffector`].
 //! - [`backoff`]: when a transient failure is tried again.
-//! - [`reconcile`]: an operator's resolution of an operation waiting for reconciliation.
 //! - [`decision`]: the pure decisions of the steps above, for callers that batch their own
 //!   appends.
 //!
-//! Modules use only those below them: `worker` → `call`, `reply` → `handle`; `reconcile` →
-//! `handle`.
+//! Modules use only those below them: `worker` → `call`, `reply` → `handle`. (An operator's
+//! resolution of an operation waiting for reconciliation is `opledger_server::reconcile`, shared
+//! by the CLI and the admin API.)
 //!
 //! Architecture invariant: `ExternalCallSent` is committed before a request leaves, and a call
 //! whose outcome is unknown is repeated only when the effector honours the idempotency key.
@@ -32,7 +32,6 @@ pub mod effector;
 pub mod fuzzing;
 mod handle;
 pub mod http;
-pub mod reconcile;
 mod reply;
 pub mod worker;
 

@@ -45,6 +45,7 @@ use opledger_domain::{DomainEvent, EventMetadata, delivery_stream, fingerprint};
 use opledger_ledger::{Changes, Snapshot, StreamState};
 use opledger_server::Route;
 use opledger_server::intake::decision::{self as intake, Arrival, Decided, Rules};
+use opledger_server::reconcile;
 use opledger_store::{AnyStore, AppendRequest, EventStore, StreamId};
 use opledger_telegram::{BotApiError, parse_update};
 use opledger_worker::decision::{self as worker, OutcomeWithClaim, Resolution, View};
@@ -823,10 +824,10 @@ impl Sim {
         let o = &self.ops[op];
         let operation_id = o.received().operation_id.to_string();
         let mut changes = Changes::default();
-        let status = worker::stage_resolution(
+        let status = reconcile::stage_resolution(
             &mut changes,
             &o.stream,
-            &o.view,
+            &o.view.state,
             &operation_id,
             &decision,
             self.now(),
