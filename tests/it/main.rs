@@ -5,6 +5,7 @@ mod api;
 mod audit;
 mod buttons;
 mod cli;
+mod confirmations;
 mod conformance;
 mod crash;
 mod echoed_secrets;

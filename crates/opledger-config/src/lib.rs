@@ -25,11 +25,11 @@ mod raw;
 pub mod template;
 
 pub use config::{
-    ActionConfig, ApiClient, ApiConfig, BotConfig, BotMode, Config, EffectorConfig,
+    ActionConfig, ApiClient, ApiConfig, BotConfig, BotMode, Config, ConfirmConfig, EffectorConfig,
     RESERVED_COMMANDS, ReplyConfig, ServerConfig, StorageBackend, StorageConfig, StorageUrl,
 };
 pub use error::{ConfigError, RenderError, TemplateError};
 pub use secrecy::{ExposeSecret, SecretString};
 pub use template::{
-    KeyTemplate, ReplyKind, ReplyPlaceholder, ReplyTemplate, Template, UrlTemplate,
+    ConfirmTemplate, KeyTemplate, ReplyKind, ReplyPlaceholder, ReplyTemplate, Template, UrlTemplate,
 };

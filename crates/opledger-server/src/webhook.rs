@@ -122,12 +122,7 @@ pub(crate) async fn receive(
         return Json(call).into_response();
     }
     match answer {
-        Some(answer) => Json(serde_json::json!({
-            "method": "sendMessage",
-            "chat_id": answer.chat_id,
-            "text": answer.text,
-        }))
-        .into_response(),
+        Some(answer) => Json(answer.webhook_call()).into_response(),
         None => StatusCode::OK.into_response(),
     }
 }

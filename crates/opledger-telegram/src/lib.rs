@@ -21,7 +21,9 @@ mod error;
 pub mod fuzzing;
 mod update;
 
-pub use bot_api::{BotApi, RawUpdate, SentMessage, SetWebhook, WebhookInfo};
+pub use bot_api::{
+    BotApi, InlineButton, InlineKeyboard, RawUpdate, SentMessage, SetWebhook, WebhookInfo,
+};
 pub use command::{Command, MAX_COMMAND_NAME_CHARS, NORMALIZATION_VERSION};
 pub use error::{BotApiError, Quarantine, QuarantineReason};
 pub use update::{

@@ -489,6 +489,8 @@ impl Sim {
             update: &update,
             raw: &raw,
             now,
+            // No generated action asks for confirmation: no token is minted from it.
+            token_seed: [0; 16],
         };
         // The intake's first attempt takes every stream as new (ADR 0006)...
         let (decided, mut changes) = self.decide(&arrival, &Snapshot::assuming_new());
@@ -904,6 +906,7 @@ impl Sim {
                     update: &update,
                     raw: &raw,
                     now: self.now(),
+                    token_seed: [0; 16],
                 };
                 let snapshot = Snapshot::assuming_new().with(stream, delivery);
                 let (decided, changes) = self.decide(&arrival, &snapshot);
