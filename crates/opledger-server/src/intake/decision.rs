@@ -527,9 +527,9 @@ impl Router<'_> {
             }
             Some(CallbackTokenEvent::TokenRejected(rejected)) => {
                 // A refusal no later event can undo (the token is used up or cancelled, is
-                // another user's, or has expired) is a note, like a duplicate delivery, so that clicks refused at
-                // once do not race each other into 503s. A token not issued (yet) depends on the
-                // version read.
+                // another user's, or has expired) is a note, like a duplicate delivery, so that
+                // clicks refused at once do not race each other into 503s. A token not issued
+                // (yet) depends on the version read.
                 let expected = match rejected.reason {
                     TokenRejection::NotIssued => token.expected(),
                     _ => ExpectedVersion::Any,
