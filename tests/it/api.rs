@@ -44,8 +44,12 @@ const ROUTES: &[&str] = &[
     "/v1/openapi.json",
 ];
 
-/// The routes that only take a POST (the operations API's; `/v1/operations` takes both).
-const POST_ROUTES: &[&str] = &["/v1/buttons"];
+/// The routes that only take a POST (the operations API's and an operator's decision;
+/// `/v1/operations` takes both).
+const POST_ROUTES: &[&str] = &["/v1/buttons", RESOLUTION];
+
+/// An operator's decision: a POST for the admin token only.
+const RESOLUTION: &str = "/v1/operations/{id}/resolution";
 
 /// The asynchronous projections the runner keeps.
 const ASYNC_PROJECTIONS: &[&str] = &[
@@ -809,11 +813,13 @@ async fn the_openapi_document_parses_and_describes_every_route(backend: Backend)
             let responses = operation.responses(&spec);
             let security = serde_json::to_value(&operation.security).expect("JSON");
             // The operations API: a client's token opens it too.
-            let for_clients = method.as_str() == "POST"
+            let for_clients = (method.as_str() == "POST" && path != RESOLUTION)
                 || path == "/v1/operations/{id}"
                 || path == "/v1/operations/{id}/events";
             let statuses: &[&str] = if path == "/v1/buttons" {
                 &["201", "400", "401", "404", "503"]
+            } else if path == RESOLUTION {
+                &["200", "400", "401", "403", "404", "409", "503"]
             } else if method.as_str() == "POST" {
                 &["200", "201", "400", "401", "404", "409", "503"]
             } else {

@@ -18,24 +18,25 @@ use crate::support::app::{Backend, Ledger, SECRET, TOKEN, TestApp, click, on_bot
 use crate::support::fake_service::FakeService;
 use crate::support::fake_telegram::FakeTelegram;
 
-const ADMIN_TOKEN: &str = "CANARY-admin-token_0123456789abcdef";
+pub(crate) const ADMIN_TOKEN: &str = "CANARY-admin-token_0123456789abcdef";
 /// The shop bot's handlers.
-const SHOP_CLIENT: &str = "CANARY-shop-client_0123456789abcdef";
+pub(crate) const SHOP_CLIENT: &str = "CANARY-shop-client_0123456789abcdef";
 /// Another bot's handlers.
 const OTHER_CLIENT: &str = "CANARY-other-client_0123456789abcdef";
 
 /// A service with two bots, a client for each, `coupon` (`{campaign}:{user_id}`) and `lead`
-/// (`{phone}`: one lead per phone number whatever the name) calling a fake service.
-struct World {
-    _ledger: Ledger,
-    app: TestApp,
-    service: FakeService,
+/// (`{phone}`: one lead per phone number whatever the name) calling a fake service (shared with
+/// `resolution_api.rs`).
+pub(crate) struct World {
+    pub(crate) ledger: Ledger,
+    pub(crate) app: TestApp,
+    pub(crate) service: FakeService,
     _telegram: FakeTelegram,
     config: Config,
 }
 
 impl World {
-    async fn start(backend: Backend) -> Option<World> {
+    pub(crate) async fn start(backend: Backend) -> Option<World> {
         let ledger = Ledger::create(backend).await?;
         let service = FakeService::start(false).await;
         let telegram = FakeTelegram::start(TOKEN).await;
@@ -70,7 +71,7 @@ impl World {
         let clock = Arc::new(ManualClock::new(Utc::now() + TimeDelta::seconds(5)));
         let app = TestApp::spawn_with_clock(&ledger, &config, clock).await;
         Some(World {
-            _ledger: ledger,
+            ledger,
             app,
             service,
             _telegram: telegram,
@@ -78,12 +79,16 @@ impl World {
         })
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.app.address)
     }
 
     /// The status and JSON body of `request` sent with `token`; no answer echoes a token.
-    async fn send(&self, request: reqwest::RequestBuilder, token: &str) -> (StatusCode, Value) {
+    pub(crate) async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        token: &str,
+    ) -> (StatusCode, Value) {
         let response = request
             .bearer_auth(token)
             .send()
@@ -103,19 +108,19 @@ impl World {
         self.send(request, token).await
     }
 
-    async fn get(&self, token: &str, path: &str) -> (StatusCode, Value) {
+    pub(crate) async fn get(&self, token: &str, path: &str) -> (StatusCode, Value) {
         self.send(self.app.http.get(self.url(path)), token).await
     }
 
     /// Every operation, as the admin lists them.
-    async fn operations(&self) -> Vec<Value> {
+    pub(crate) async fn operations(&self) -> Vec<Value> {
         let (status, body) = self.get(ADMIN_TOKEN, "/v1/operations?limit=500").await;
         assert_eq!(status, StatusCode::OK, "{body}");
         body["operations"].as_array().cloned().expect("a list")
     }
 
     /// Carries out every due operation once.
-    async fn work(&self) {
+    pub(crate) async fn work(&self) {
         let worker = self.app.worker(&self.config, "w1", 1);
         worker.run_due().await.expect("work");
     }

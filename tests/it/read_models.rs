@@ -647,7 +647,7 @@ async fn read_models_follow_real_lifecycles(backend: Backend) {
 
     // A person resolves user 8's coupon: it leaves the queue, and the audit names them.
     let summer_id = summer[0].operation_id.clone();
-    let resolved = opledger_worker::reconcile::resolve(
+    let resolved = opledger_server::reconcile::resolve(
         store,
         &summer_id,
         Reconciled {

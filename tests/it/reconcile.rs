@@ -12,11 +12,11 @@ use opledger_domain::operation::{
     Status, evolve, fingerprint,
 };
 use opledger_domain::{Causation, DomainEvent, EventMetadata, OperationId, operation_stream};
+use opledger_server::reconcile::{self, ReconcileError};
 use opledger_server::{Clock, SystemClock};
 use opledger_store::{
     AnyStore, AppendRequest, EventStore, ExpectedVersion, NewEvent, RecordedEvent, StreamId,
 };
-use opledger_worker::reconcile::{self, ReconcileError};
 use serde_json::{Value, json};
 
 use crate::support::app::{Backend, Ledger, on_both_backends};

@@ -169,7 +169,7 @@ async fn status_says_each_state_in_plain_words(backend: Backend) {
         .find(|(k, ..)| k == "summer:7")
         .expect("summer")
         .2;
-    opledger_worker::reconcile::resolve(
+    opledger_server::reconcile::resolve(
         &world.app.store,
         &summer,
         Reconciled {

@@ -376,7 +376,7 @@ fn module_cycles(krate: &str) -> Vec<String> {
 
 /// Within a crate, no module uses one that uses it back (directly or through others): each
 /// module can be read knowing only the ones below it (the worker: `worker` -> `call` and
-/// `reply` -> `handle`; `reconcile` -> `handle`).
+/// `reply` -> `handle`).
 #[test]
 fn no_module_uses_a_module_that_uses_it() {
     let mut problems = Vec::new();

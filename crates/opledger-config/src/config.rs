@@ -15,7 +15,8 @@ use crate::raw::{
     self, RawAction, RawApi, RawBot, RawClient, RawEffector, RawReply, RawServer, RawStorage,
 };
 use crate::template::{
-    KeyTemplate, RESERVED_PARAM_NAMES, ReplyKind, ReplyTemplate, UrlTemplate, http_url,
+    ConfirmTemplate, KeyTemplate, RESERVED_PARAM_NAMES, ReplyKind, ReplyTemplate, UrlTemplate,
+    http_url,
 };
 use crate::values::{in_range, read_secret, webhook_secret};
 
@@ -45,6 +46,8 @@ const DEFAULT_POLL_TIMEOUT_SECS: i64 = 30;
 const DEFAULT_MAX_CONNECTIONS: i64 = 40;
 const DEFAULT_EFFECTOR_TIMEOUT_MS: i64 = 2_000;
 const DEFAULT_MAX_ATTEMPTS: i64 = 5;
+/// How long a confirmation's buttons work when `confirm_expiry_secs` is not given: ten minutes.
+const DEFAULT_CONFIRM_EXPIRY_SECS: i64 = 600;
 
 /// The whole configuration of one opledger process, validated.
 ///
@@ -836,10 +839,69 @@ pub struct ActionConfig {
     /// after it, the command starts a new operation. `None` (the default,
     /// `repeat_window_secs = 0`) means no repeat guard: one key, one operation, forever.
     pub repeat_window: Option<Duration>,
+    /// The question the command is answered with, on *Confirm* / *Cancel* buttons, before the
+    /// operation starts; `None` (the default) starts it at once.
+    pub confirm: Option<ConfirmConfig>,
     /// The external call; `None` means the action calls nothing out.
     pub effector: Option<EffectorConfig>,
     /// What the user is told when the operation ends.
     pub reply: ReplyConfig,
+}
+
+/// An action's confirmation: its command is answered with `question` and one-time *Confirm* /
+/// *Cancel* buttons for the user who sent it; only the first *Confirm* before `expiry` starts
+/// the operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfirmConfig {
+    /// What the user is asked.
+    pub question: ConfirmTemplate,
+    /// How long the buttons work; default 10 minutes.
+    pub expiry: Duration,
+}
+
+impl ConfirmConfig {
+    /// The confirmation of action `i` from its `confirm` and `confirm_expiry_secs` keys, or
+    /// `None` without a question.
+    fn from_raw(
+        i: usize,
+        question: Option<String>,
+        expiry_secs: Option<i64>,
+        params: &[String],
+        repeat_window: Option<Duration>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let key = |field: &str| format!("actions[{i}].{field}");
+        let Some(text) = question else {
+            return match expiry_secs {
+                Some(_) => Err(ConfigError::key_problem(
+                    key("confirm_expiry_secs"),
+                    "is set without `confirm`; write the question the command asks, or remove it",
+                )),
+                None => Ok(None),
+            };
+        };
+        let question = ConfirmTemplate::parse(&text, params)
+            .map_err(|e| ConfigError::key_problem(key("confirm"), e.to_string()))?;
+        if repeat_window.is_some() {
+            // A *Confirm* starts the operation the token names; the repeat guard's epoch belongs
+            // to the command, which the click is not.
+            return Err(ConfigError::key_problem(
+                key("confirm"),
+                "cannot be combined with `repeat_window_secs`; confirm once-only actions, or \
+                 drop one of the two",
+            ));
+        }
+        let expiry_secs = in_range(
+            &key("confirm_expiry_secs"),
+            expiry_secs,
+            DEFAULT_CONFIRM_EXPIRY_SECS,
+            1..=604_800,
+            " seconds (a week at most)",
+        )?;
+        Ok(Some(ConfirmConfig {
+            question,
+            expiry: Duration::from_secs(expiry_secs.unsigned_abs()),
+        }))
+    }
 }
 
 impl ActionConfig {
@@ -932,6 +994,13 @@ impl ActionConfig {
         let repeat_window = (repeat_window_secs > 0)
             .then(|| Duration::from_secs(repeat_window_secs.unsigned_abs()));
 
+        let confirm = ConfirmConfig::from_raw(
+            i,
+            raw.confirm,
+            raw.confirm_expiry_secs,
+            &params,
+            repeat_window,
+        )?;
         let effector = raw
             .effector
             .map(|e| EffectorConfig::from_raw(i, e))
@@ -948,6 +1017,7 @@ impl ActionConfig {
             params,
             key: key_template,
             repeat_window,
+            confirm,
             effector,
             reply,
         })

@@ -27,12 +27,12 @@ pub mod template;
 mod values;
 
 pub use config::{
-    ActionConfig, ApiClient, ApiConfig, BotConfig, BotMode, Config, EffectorConfig,
+    ActionConfig, ApiClient, ApiConfig, BotConfig, BotMode, Config, ConfirmConfig, EffectorConfig,
     RESERVED_COMMANDS, ReplyConfig, ServerConfig, StorageBackend, StorageConfig, StorageUrl,
 };
 pub use error::{ConfigError, RenderError, TemplateError};
 pub use forward::{ForwardConfig, ForwardUpdates};
 pub use secrecy::{ExposeSecret, SecretString};
 pub use template::{
-    KeyTemplate, ReplyKind, ReplyPlaceholder, ReplyTemplate, Template, UrlTemplate,
+    ConfirmTemplate, KeyTemplate, ReplyKind, ReplyPlaceholder, ReplyTemplate, Template, UrlTemplate,
 };

@@ -89,6 +89,8 @@ pub(crate) struct RawAction {
     pub(crate) params: Vec<String>,
     pub(crate) key: Option<String>,
     pub(crate) repeat_window_secs: Option<i64>,
+    pub(crate) confirm: Option<String>,
+    pub(crate) confirm_expiry_secs: Option<i64>,
     pub(crate) effector: Option<RawEffector>,
     pub(crate) reply: Option<RawReply>,
 }
@@ -126,7 +128,10 @@ fn known_keys(table: &[&str]) -> &'static str {
             "name, token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, \
              max_connections"
         }
-        ["actions"] => "name, bot, command, params, key, repeat_window_secs, effector, reply",
+        ["actions"] => {
+            "name, bot, command, params, key, repeat_window_secs, confirm, confirm_expiry_secs, \
+             effector, reply"
+        }
         ["actions", "effector"] => {
             "url, timeout_ms, honours_idempotency_key, lookup_url, max_attempts"
         }

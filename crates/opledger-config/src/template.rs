@@ -1,4 +1,5 @@
-//! Text templates with `{name}` placeholders: business keys, replies and lookup URLs.
+//! Text templates with `{name}` placeholders: business keys, replies, confirmations' questions
+//! and lookup URLs.
 //!
 //! The syntax is the same everywhere: `{name}` is replaced by a value, `{{` and `}}` stand for
 //! literal braces. A name is one or more parts of `A-Z a-z 0-9 _` joined by `.` (as in
@@ -397,6 +398,57 @@ impl ReplyTemplate {
 }
 
 impl fmt::Display for ReplyTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.template, f)
+    }
+}
+
+/// The built-in placeholders of a confirmation's question: what every reply offers before the
+/// operation has an outcome.
+const CONFIRM_BUILTINS: [&str; 2] = ["operation_id", "action"];
+
+/// The question an action asks before its command starts the operation (`confirm`), sent by
+/// intake with *Confirm* and *Cancel* buttons, e.g. `Issue a coupon for {campaign}?`.
+///
+/// It offers the placeholders every reply template offers: the action's params,
+/// `operation_id` (the operation a *Confirm* starts) and `action`; nothing the outcome brings,
+/// since there is none yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfirmTemplate {
+    template: Template,
+}
+
+impl ConfirmTemplate {
+    /// Parses a confirmation's question for an action with these params.
+    pub fn parse(text: &str, params: &[impl AsRef<str>]) -> Result<ConfirmTemplate, TemplateError> {
+        if text.trim().is_empty() {
+            return Err(TemplateError::EmptyReply);
+        }
+        let template = Template::parse(text)?;
+        let allowed = |name: &str| {
+            CONFIRM_BUILTINS.contains(&name) || params.iter().any(|p| p.as_ref() == name)
+        };
+        if let Some(name) = template.first_unknown(allowed) {
+            return Err(TemplateError::Unknown {
+                name: name.to_owned(),
+                allowed: allowed_advice(params, &List(&CONFIRM_BUILTINS).to_string()),
+            });
+        }
+        Ok(ConfirmTemplate { template })
+    }
+
+    /// The template as written.
+    pub fn as_str(&self) -> &str {
+        self.template.as_str()
+    }
+
+    /// Fills the question in; `value` is asked for each placeholder by name.
+    pub fn render(&self, value: &impl Fn(&str) -> Option<String>) -> Result<String, RenderError> {
+        self.template.render(value)
+    }
+}
+
+impl fmt::Display for ConfirmTemplate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.template, f)
     }

@@ -140,6 +140,8 @@ fn example_file_uses_every_key() {
         "params",
         "key",
         "repeat_window_secs",
+        "confirm",
+        "confirm_expiry_secs",
         "timeout_ms",
         "honours_idempotency_key",
         "lookup_url",
@@ -190,6 +192,7 @@ fn omitted_keys_take_their_defaults() {
     assert_eq!(bot.max_connections, 40);
     let action = &config.actions[0];
     assert_eq!(action.repeat_window, None);
+    assert_eq!(action.confirm, None, "no confirmation unless asked for");
     assert!(action.effector.is_none());
     assert_eq!(action.reply.confirmed.as_str(), "Done.");
     assert_eq!(
@@ -354,7 +357,8 @@ fn unknown_key_in_an_action() {
     assert_eq!(
         error(&format!("{BOT}{ACTION}repeat_window = 30\n")),
         "config key `actions[0].repeat_window`: unknown key; check its spelling (keys allowed \
-         here: name, bot, command, params, key, repeat_window_secs, effector, reply)"
+         here: name, bot, command, params, key, repeat_window_secs, confirm, \
+         confirm_expiry_secs, effector, reply)"
     );
 }
 
@@ -494,6 +498,74 @@ fn unknown_placeholder() {
         "config key `actions[0].effector.lookup_url`: unknown placeholder `{id}`; the only \
          placeholder allowed in a URL is {operation_id}"
     );
+}
+
+#[test]
+fn a_confirmation_asks_a_question_with_the_replies_placeholders() {
+    let confirm = |extra: &str| format!("{BOT}{ACTION}{extra}");
+    let config = parse(&confirm(
+        "confirm = \"Issue a coupon for {campaign} ({action}, {operation_id})?\"\n",
+    ))
+    .unwrap();
+    let asked = config.actions[0].confirm.clone().expect("a confirmation");
+    assert_eq!(
+        asked.expiry,
+        Duration::from_secs(600),
+        "ten minutes by default"
+    );
+    let question = asked
+        .question
+        .render(&|name| Some(format!("<{name}>")))
+        .unwrap();
+    assert_eq!(
+        question,
+        "Issue a coupon for <campaign> (<action>, <operation_id>)?"
+    );
+    let config = parse(&confirm("confirm = \"Sure?\"\nconfirm_expiry_secs = 30\n")).unwrap();
+    assert_eq!(
+        config.actions[0].confirm.as_ref().unwrap().expiry,
+        Duration::from_secs(30)
+    );
+
+    for (extra, message) in [
+        (
+            "confirm = \"Issue {code}?\"\n",
+            "config key `actions[0].confirm`: unknown placeholder `{code}`; use a param \
+             (campaign) or one of operation_id, action",
+        ),
+        (
+            "confirm = \"For {user_id}?\"\n",
+            "config key `actions[0].confirm`: unknown placeholder `{user_id}`; use a param \
+             (campaign) or one of operation_id, action",
+        ),
+        (
+            "confirm = \" \"\n",
+            "config key `actions[0].confirm`: the reply is empty; Telegram cannot send an empty \
+             message, so write some text",
+        ),
+        (
+            "confirm = \"Sure {campaign?\"\n",
+            "config key `actions[0].confirm`: unclosed `{` at character 6; close the \
+             placeholder with `}`, or write `{{` for a literal `{`",
+        ),
+        (
+            "confirm = \"Sure?\"\nconfirm_expiry_secs = 0\n",
+            "config key `actions[0].confirm_expiry_secs`: 0 is out of range; use 1 to 604800 \
+             seconds (a week at most)",
+        ),
+        (
+            "confirm_expiry_secs = 60\n",
+            "config key `actions[0].confirm_expiry_secs`: is set without `confirm`; write the \
+             question the command asks, or remove it",
+        ),
+        (
+            "confirm = \"Sure?\"\nrepeat_window_secs = 60\n",
+            "config key `actions[0].confirm`: cannot be combined with `repeat_window_secs`; \
+             confirm once-only actions, or drop one of the two",
+        ),
+    ] {
+        assert_eq!(error(&confirm(extra)), message, "{extra}");
+    }
 }
 
 #[test]

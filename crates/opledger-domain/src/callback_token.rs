@@ -1,8 +1,9 @@
 //! The CallbackToken aggregate: one-time tokens carried by inline buttons.
 //!
 //! A token lives in the stream `cb-{token}`. It is issued for one user with an expiry and is
-//! consumed at most once; every refused click (consumed already, another user, expired, never
-//! issued) is recorded as `TokenRejected` and starts nothing.
+//! used at most once: consumed (a click that starts its action) or cancelled (the *Cancel*
+//! button of a confirmation, [`cancel_data`]); every refused click (used already, another user,
+//! expired, never issued) is recorded as `TokenRejected` and starts nothing.
 
 use std::collections::BTreeMap;
 
@@ -30,6 +31,55 @@ pub fn mint_token(random: &[u8; TOKEN_RANDOM_BYTES]) -> String {
     token
 }
 
+/// What follows a token in the callback data of its *Cancel* button (see [`cancel_data`]).
+pub const CANCEL_SUFFIX: &str = "-cancel";
+
+/// The callback data of the *Cancel* button that goes with `token`'s button: a click on it
+/// cancels the token, so that a later click on the token itself is refused. A minted token
+/// (35 bytes) and the suffix fit Telegram's 64 bytes of `callback_data`.
+pub fn cancel_data(token: &str) -> String {
+    format!("{token}{CANCEL_SUFFIX}")
+}
+
+/// What a click asks of a token, read from its callback data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Click<'a> {
+    /// The token's own button: consume it, and start its action.
+    Use(&'a str),
+    /// The *Cancel* button that goes with the token: cancel it.
+    Cancel(&'a str),
+}
+
+impl<'a> Click<'a> {
+    /// The click that `data` carries, if it names one of our tokens (minted with
+    /// [`TOKEN_PREFIX`]); any other callback data belongs to the bot's own buttons. The token
+    /// is not validated here: its stream id is.
+    pub fn read(data: &'a str) -> Option<Self> {
+        if !data.starts_with(TOKEN_PREFIX) {
+            return None;
+        }
+        Some(match data.strip_suffix(CANCEL_SUFFIX) {
+            Some(token) => Click::Cancel(token),
+            None => Click::Use(data),
+        })
+    }
+
+    /// The token the click names.
+    pub fn token(&self) -> &'a str {
+        match self {
+            Click::Use(token) | Click::Cancel(token) => token,
+        }
+    }
+
+    /// The command the click is, by `user_id` in update `update_id`.
+    pub fn command(&self, user_id: i64, update_id: i64) -> CallbackTokenCommand {
+        match self {
+            Click::Use(_) => CallbackTokenCommand::Consume { user_id, update_id },
+            Click::Cancel(_) => CallbackTokenCommand::Cancel { user_id, update_id },
+        }
+    }
+}
+
 domain_events! {
     /// Everything that can happen to one button token.
     pub enum CallbackTokenEvent / CallbackTokenEventKind {
@@ -37,6 +87,9 @@ domain_events! {
         TokenIssued,
         /// The token's one click was accepted.
         TokenConsumed,
+        /// The token was cancelled by its user (a confirmation's *Cancel*): it starts nothing,
+        /// now or later.
+        TokenCancelled,
         /// A click was refused and recorded; it starts nothing.
         TokenRejected,
     }
@@ -70,12 +123,23 @@ pub struct TokenConsumed {
     pub update_id: i64,
 }
 
+/// The token was cancelled by its user: a later click on it is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenCancelled {
+    /// The user who clicked *Cancel*.
+    pub user_id: i64,
+    /// The update that carried the click.
+    pub update_id: i64,
+}
+
 /// Why a click was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenRejection {
     /// The token was consumed before.
     AlreadyConsumed,
+    /// The token was cancelled before.
+    Cancelled,
     /// The token was issued for another user.
     WrongUser,
     /// The token expired.
@@ -107,6 +171,13 @@ pub enum CallbackTokenCommand {
         /// The update that carried the click.
         update_id: i64,
     },
+    /// A user clicked the *Cancel* button that goes with the token.
+    Cancel {
+        /// The user who clicked.
+        user_id: i64,
+        /// The update that carried the click.
+        update_id: i64,
+    },
 }
 
 /// Where a token stands.
@@ -119,6 +190,8 @@ pub enum TokenStatus {
     Issued,
     /// Consumed.
     Consumed,
+    /// Cancelled.
+    Cancelled,
 }
 
 /// One token's state: what a click's decision needs.
@@ -130,7 +203,7 @@ pub struct CallbackToken {
     pub user_id: Option<i64>,
     /// When it expires.
     pub expires_at: Option<DateTime<Utc>>,
-    /// The update whose click consumed it.
+    /// The update whose click consumed (or cancelled) it.
     pub consumed_by_update: Option<i64>,
     /// How many clicks were refused.
     pub rejections: u32,
@@ -147,9 +220,9 @@ impl CallbackToken {
 
 /// Decides what a command appends at `now`.
 ///
-/// A click always appends one event, accepted or refused; the checks run in this order: not
-/// issued, wrong user, already consumed, expired. Only a malformed or repeated `Issue` is an
-/// `Err`.
+/// A click (`Consume` or `Cancel`) always appends one event, accepted or refused; the checks
+/// run in this order: not issued, wrong user, already consumed, cancelled, expired. Only a
+/// malformed or repeated `Issue` is an `Err`.
 pub fn decide(
     state: &CallbackToken,
     command: &CallbackTokenCommand,
@@ -178,26 +251,28 @@ pub fn decide(
             }
             issued.clone().into()
         }
-        CallbackTokenCommand::Consume { user_id, update_id } => {
+        CallbackTokenCommand::Consume { user_id, update_id }
+        | CallbackTokenCommand::Cancel { user_id, update_id } => {
+            let (user_id, update_id) = (*user_id, *update_id);
             let refusal = match (state.status, state.user_id, state.expires_at) {
                 (TokenStatus::NotIssued, _, _) => Some(TokenRejection::NotIssued),
-                (_, Some(owner), _) if owner != *user_id => Some(TokenRejection::WrongUser),
+                (_, Some(owner), _) if owner != user_id => Some(TokenRejection::WrongUser),
                 (TokenStatus::Consumed, _, _) => Some(TokenRejection::AlreadyConsumed),
+                (TokenStatus::Cancelled, _, _) => Some(TokenRejection::Cancelled),
                 (_, _, Some(expires_at)) if now >= expires_at => Some(TokenRejection::Expired),
                 _ => None,
             };
-            match refusal {
-                Some(reason) => TokenRejected {
+            match (refusal, command) {
+                (Some(reason), _) => TokenRejected {
                     reason,
-                    user_id: *user_id,
-                    update_id: *update_id,
+                    user_id,
+                    update_id,
                 }
                 .into(),
-                None => TokenConsumed {
-                    user_id: *user_id,
-                    update_id: *update_id,
+                (None, CallbackTokenCommand::Cancel { .. }) => {
+                    TokenCancelled { user_id, update_id }.into()
                 }
-                .into(),
+                (None, _) => TokenConsumed { user_id, update_id }.into(),
             }
         }
     };
@@ -215,6 +290,10 @@ pub fn evolve(mut state: CallbackToken, event: &CallbackTokenEvent) -> CallbackT
         }
         CallbackTokenEvent::TokenConsumed(e) => {
             state.status = TokenStatus::Consumed;
+            state.consumed_by_update = Some(e.update_id);
+        }
+        CallbackTokenEvent::TokenCancelled(e) => {
+            state.status = TokenStatus::Cancelled;
             state.consumed_by_update = Some(e.update_id);
         }
         CallbackTokenEvent::TokenRejected(_) => {

@@ -407,9 +407,15 @@ fn token_facts(event: CallbackTokenEvent) -> Facts {
             summary: format!("button clicked (update {})", e.update_id),
             ..Facts::default()
         },
+        CallbackTokenEvent::TokenCancelled(e) => Facts {
+            user_id: Some(e.user_id),
+            summary: format!("cancelled by its user (update {})", e.update_id),
+            ..Facts::default()
+        },
         CallbackTokenEvent::TokenRejected(e) => {
             let reason = match e.reason {
                 TokenRejection::AlreadyConsumed => "already used",
+                TokenRejection::Cancelled => "cancelled",
                 TokenRejection::WrongUser => "another user's button",
                 TokenRejection::Expired => "expired",
                 TokenRejection::NotIssued => "never issued",

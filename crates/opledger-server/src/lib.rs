@@ -10,6 +10,8 @@
 //! - `webhook`: the answer table of `POST /telegram/{bot}/webhook`; `poll`: `getUpdates` loops.
 //! - [`api`]: the read API under `/v1` (admin bearer token, OpenAPI document); [`metrics`]:
 //!   `/metrics` (OpenMetrics text); `health`: `/healthz` and `/readyz`.
+//! - [`reconcile`]: the reconciliation queue and an operator's decision about one of its
+//!   operations, shared by `opledger reconcile` and `POST /v1/operations/{id}/resolution`.
 //! - [`replies`]: pure answers (`/help`, `/status`, usage) computed from configuration and read
 //!   models.
 //!
@@ -24,6 +26,7 @@ mod health;
 pub mod intake;
 pub mod metrics;
 mod poll;
+pub mod reconcile;
 mod refusals;
 pub mod replies;
 mod webhook;

@@ -133,7 +133,13 @@ impl Poller {
                 }
                 None => {
                     if let Some(answer) = answer
-                        && let Err(error) = api.send_message(answer.chat_id, &answer.text).await
+                        && let Err(error) = api
+                            .send_message_with(
+                                answer.chat_id,
+                                &answer.text,
+                                answer.keyboard.as_ref(),
+                            )
+                            .await
                     {
                         tracing::warn!(bot, %error, "could not send an answer");
                     }

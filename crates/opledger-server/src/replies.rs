@@ -1,6 +1,7 @@
 //! What the bot answers at intake, where answering is pure: `/help` from configuration,
-//! `/status` and repeated requests from read models, usage for malformed commands. Asking twice
-//! gives the same answer and starts nothing. Replies about an operation's outcome are the
+//! `/status` and repeated requests from read models, usage for malformed commands, and the
+//! question of an action that asks first, with its one-time *Confirm* / *Cancel* keyboard.
+//! Asking twice gives the same answer and starts nothing. Replies about an operation's outcome are the
 //! worker's job, tracked as effects.
 //!
 //! `/status` reads `user_operations`, an asynchronous read model: before answering it waits a
@@ -11,10 +12,12 @@
 use std::time::Duration;
 
 use opledger_config::ActionConfig;
+use opledger_domain::callback_token::cancel_data;
 use opledger_projections::operation_status::{self, OperationStatusRow};
 use opledger_projections::registry;
 use opledger_projections::user_operations::{self, UserOperation};
 use opledger_store::AnyStore;
+use opledger_telegram::{InlineButton, InlineKeyboard};
 
 use crate::intake::{Receipt, Recorded, Route};
 
@@ -30,6 +33,45 @@ pub const STATUS_FRESHNESS: Duration = Duration::from_secs(2);
 pub struct Answer {
     pub chat_id: i64,
     pub text: String,
+    /// Buttons under the message (a confirmation's), if any.
+    pub keyboard: Option<InlineKeyboard>,
+}
+
+impl Answer {
+    /// The answer as a Bot API call riding on a webhook response (`sendMessage`).
+    pub fn webhook_call(&self) -> serde_json::Value {
+        let mut call = serde_json::json!({
+            "method": "sendMessage",
+            "chat_id": self.chat_id,
+            "text": self.text,
+        });
+        if let Some(keyboard) = &self.keyboard {
+            call["reply_markup"] = serde_json::to_value(keyboard).unwrap_or_default();
+        }
+        call
+    }
+}
+
+/// What the *Confirm* button of a confirmation says.
+pub const CONFIRM: &str = "Confirm";
+/// What its *Cancel* button says.
+pub const CANCEL: &str = "Cancel";
+/// What a *Cancel* click is answered with.
+pub const CANCELLED: &str = "Cancelled: nothing was done.";
+
+/// A confirmation's keyboard: *Confirm* carries the token (a click starts the action, once),
+/// *Cancel* the token's cancel data (a click cancels it).
+pub fn confirmation(token: &str) -> InlineKeyboard {
+    let button = |text: &str, callback_data: String| InlineButton {
+        text: text.to_owned(),
+        callback_data,
+    };
+    InlineKeyboard {
+        inline_keyboard: vec![vec![
+            button(CONFIRM, token.to_owned()),
+            button(CANCEL, cancel_data(token)),
+        ]],
+    }
 }
 
 /// Why an answer could not be read; the update stays recorded, only the answer is lost.
@@ -58,7 +100,15 @@ pub async fn answer(
     else {
         return Ok(None);
     };
+    let mut keyboard = None;
     let text = match route {
+        Route::Confirm {
+            token, question, ..
+        } => {
+            keyboard = Some(confirmation(token));
+            question.clone()
+        }
+        Route::Cancelled => CANCELLED.to_owned(),
         Route::Help => help(actions),
         Route::Usage { action } => match actions.iter().find(|a| a.name == *action) {
             Some(action) => format!("Usage: {}", usage(action)),
@@ -87,6 +137,7 @@ pub async fn answer(
     Ok(Some(Answer {
         chat_id: *chat_id,
         text,
+        keyboard,
     }))
 }
 
@@ -334,6 +385,33 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    #[test]
+    fn a_confirmation_rides_on_the_webhook_answer_with_its_two_buttons() {
+        let token = "t1_00112233445566778899aabbccddeeff";
+        let answer = Answer {
+            chat_id: 7,
+            text: "Issue a coupon for spring?".to_owned(),
+            keyboard: Some(confirmation(token)),
+        };
+        assert_eq!(
+            answer.webhook_call(),
+            serde_json::json!({
+                "method": "sendMessage",
+                "chat_id": 7,
+                "text": "Issue a coupon for spring?",
+                "reply_markup": { "inline_keyboard": [[
+                    { "text": "Confirm", "callback_data": token },
+                    { "text": "Cancel", "callback_data": format!("{token}-cancel") },
+                ]] },
+            })
+        );
+        let plain = Answer {
+            keyboard: None,
+            ..answer
+        };
+        assert!(plain.webhook_call().get("reply_markup").is_none());
     }
 
     #[test]

@@ -11,8 +11,8 @@
 //! | storage failure, timeout, shutting down | 503, nothing half written |
 //!
 //! Never 410: answering 410 long enough makes Telegram delete the webhook. A 2xx answer may carry
-//! a `sendMessage` for pure answers (`/help`, `/status`); nothing that must be known to have
-//! happened is sent that way.
+//! a `sendMessage` for pure answers (`/help`, `/status`, a confirmation's question and its
+//! keyboard); nothing that must be known to have happened is sent that way.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -122,12 +122,7 @@ pub(crate) async fn receive(
         return Json(call).into_response();
     }
     match answer {
-        Some(answer) => Json(serde_json::json!({
-            "method": "sendMessage",
-            "chat_id": answer.chat_id,
-            "text": answer.text,
-        }))
-        .into_response(),
+        Some(answer) => Json(answer.webhook_call()).into_response(),
         None => StatusCode::OK.into_response(),
     }
 }

@@ -210,10 +210,29 @@ struct DeleteWebhookBody {
     drop_pending_updates: bool,
 }
 
+/// An inline keyboard under a message (`reply_markup`): rows of buttons whose clicks come back
+/// as callback queries carrying their `callback_data`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InlineKeyboard {
+    /// The rows, top to bottom, each a list of buttons left to right.
+    pub inline_keyboard: Vec<Vec<InlineButton>>,
+}
+
+/// One button of an [`InlineKeyboard`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InlineButton {
+    /// Its label.
+    pub text: String,
+    /// What a click sends back: 1 to 64 bytes, as Telegram allows.
+    pub callback_data: String,
+}
+
 #[derive(Serialize)]
 struct SendMessageBody<'a> {
     chat_id: i64,
     text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply_markup: Option<&'a InlineKeyboard>,
 }
 
 #[derive(Serialize)]
@@ -404,16 +423,26 @@ impl BotApi {
 
     /// `sendMessage` with plain text. Telegram offers no idempotency for it: after a
     /// [`BotApiError::Timeout`] the message may or may not have been sent.
-    #[tracing::instrument(level = "debug", skip_all, fields(chat_id = chat_id))]
     pub async fn send_message(&self, chat_id: i64, text: &str) -> Result<SentMessage, BotApiError> {
+        self.send_message_with(chat_id, text, None).await
+    }
+
+    /// `sendMessage` with plain text and, when given, an inline keyboard under it; as
+    /// [`BotApi::send_message`], the message may or may not have been sent after a timeout.
+    #[tracing::instrument(level = "debug", skip_all, fields(chat_id = chat_id))]
+    pub async fn send_message_with(
+        &self,
+        chat_id: i64,
+        text: &str,
+        keyboard: Option<&InlineKeyboard>,
+    ) -> Result<SentMessage, BotApiError> {
         const METHOD: &str = "sendMessage";
-        let result = self
-            .call(
-                METHOD,
-                &SendMessageBody { chat_id, text },
-                self.request_timeout,
-            )
-            .await?;
+        let body = SendMessageBody {
+            chat_id,
+            text,
+            reply_markup: keyboard,
+        };
+        let result = self.call(METHOD, &body, self.request_timeout).await?;
         sent_message(&result)
     }
 

@@ -24,7 +24,9 @@ mod form_data;
 pub mod fuzzing;
 mod update;
 
-pub use bot_api::{BotApi, RawUpdate, SentMessage, SetWebhook, WebhookInfo};
+pub use bot_api::{
+    BotApi, InlineButton, InlineKeyboard, RawUpdate, SentMessage, SetWebhook, WebhookInfo,
+};
 pub use command::{Command, MAX_COMMAND_NAME_CHARS, NORMALIZATION_VERSION};
 pub use error::{BotApiError, Quarantine, QuarantineReason};
 pub use form_data::form_data_fields;

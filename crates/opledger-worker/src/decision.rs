@@ -10,12 +10,9 @@
 //!   recorded as a `TransitionRejected` when refused late), and [`OutcomeWithClaim`] (an
 //!   outcome committed together with the next claim, ADR 0007).
 //! - Replies: [`reply_outcome`], what `sendMessage`'s answer makes the worker record.
-//! - Operators: [`stage_resolution`], a person's decision about an operation waiting for
-//!   reconciliation.
 //! - [`stage`], [`decide_all`]: commands decided one after the other on a view; [`metadata`]:
 //!   a worker's causation and correlation.
 
 pub use crate::call::{OutcomeWithClaim, Resolution, answered, claim_commands, unknown_outcome};
 pub use crate::handle::{View, decide_all, metadata, stage, stage_outcome};
-pub use crate::reconcile::{Refusal, stage_resolution};
 pub use crate::reply::reply_outcome;

@@ -15,12 +15,12 @@
 //! - [`backoff`]: when a transient failure is tried again.
 //! - [`forward`]: [`Forwarder`], the gateway: each update a bot's `[bots.forward]` selects, to
 //!   the bot's own webhook, one per chat at a time, until it answers 2xx (ADR 0012).
-//! - [`reconcile`]: an operator's resolution of an operation waiting for reconciliation.
 //! - [`decision`]: the pure decisions of the steps above, for callers that batch their own
 //!   appends.
 //!
-//! Modules use only those below them: `worker` → `call`, `reply` → `handle`; `reconcile` →
-//! `handle`.
+//! Modules use only those below them: `worker` → `call`, `reply` → `handle`. (An operator's
+//! resolution of an operation waiting for reconciliation is `opledger_server::reconcile`, shared
+//! by the CLI and the admin API.)
 //!
 //! Architecture invariant: `ExternalCallSent` is committed before a request leaves, and a call
 //! whose outcome is unknown is repeated only when the effector honours the idempotency key.
@@ -35,7 +35,6 @@ pub mod forward;
 pub mod fuzzing;
 mod handle;
 pub mod http;
-pub mod reconcile;
 mod reply;
 pub mod worker;
 

@@ -45,6 +45,7 @@ use opledger_domain::{DomainEvent, EventMetadata, delivery_stream, fingerprint};
 use opledger_ledger::{Changes, Snapshot, StreamState};
 use opledger_server::Route;
 use opledger_server::intake::decision::{self as intake, Arrival, Decided, Rules};
+use opledger_server::reconcile;
 use opledger_store::{AnyStore, AppendRequest, EventStore, StreamId};
 use opledger_telegram::{BotApiError, parse_update};
 use opledger_worker::decision::{self as worker, OutcomeWithClaim, Resolution, View};
@@ -488,6 +489,8 @@ impl Sim {
             update: &update,
             raw: &raw,
             now,
+            // No generated action asks for confirmation: no token is minted from it.
+            token_seed: [0; 16],
         };
         // The intake's first attempt takes every stream as new (ADR 0006)...
         let (decided, mut changes) = self.decide(&arrival, &Snapshot::assuming_new());
@@ -823,10 +826,10 @@ impl Sim {
         let o = &self.ops[op];
         let operation_id = o.received().operation_id.to_string();
         let mut changes = Changes::default();
-        let status = worker::stage_resolution(
+        let status = reconcile::stage_resolution(
             &mut changes,
             &o.stream,
-            &o.view,
+            &o.view.state,
             &operation_id,
             &decision,
             self.now(),
@@ -903,6 +906,7 @@ impl Sim {
                     update: &update,
                     raw: &raw,
                     now: self.now(),
+                    token_seed: [0; 16],
                 };
                 let snapshot = Snapshot::assuming_new().with(stream, delivery);
                 let (decided, changes) = self.decide(&arrival, &snapshot);

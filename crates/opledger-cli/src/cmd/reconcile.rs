@@ -3,9 +3,9 @@
 
 use chrono::TimeDelta;
 use opledger_domain::operation::{ReconcileOutcome, Reconciled};
+use opledger_server::reconcile::{self, Outcome, Waiting, outcome_name};
 use opledger_server::{Clock, SystemClock};
 use opledger_store::LedgerReader;
-use opledger_worker::reconcile::{self, Waiting, outcome_name};
 
 use crate::database;
 use crate::output::Output;
@@ -42,27 +42,6 @@ pub(crate) enum Reconcile {
         #[arg(long, value_name = "TEXT")]
         note: String,
     },
-}
-
-/// `--outcome`: what a person found out.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub(crate) enum Outcome {
-    /// The effect happened.
-    Succeeded,
-    /// The effect did not happen and will not.
-    Failed,
-    /// The effect did not happen: call again, with the same operation id.
-    Retry,
-}
-
-impl From<Outcome> for ReconcileOutcome {
-    fn from(outcome: Outcome) -> Self {
-        match outcome {
-            Outcome::Succeeded => ReconcileOutcome::Succeeded,
-            Outcome::Failed => ReconcileOutcome::Failed,
-            Outcome::Retry => ReconcileOutcome::Retry,
-        }
-    }
 }
 
 impl Reconcile {

@@ -2,8 +2,8 @@
 
 use opledger_domain::IssueRejection;
 use opledger_domain::callback_token::{
-    CallbackTokenCommand, CallbackTokenEvent, TokenConsumed, TokenRejected, TokenRejection,
-    TokenStatus, mint_token,
+    CallbackTokenCommand, CallbackTokenEvent, Click, TokenCancelled, TokenConsumed, TokenRejected,
+    TokenRejection, TokenStatus, cancel_data, mint_token,
 };
 use opledger_domain::{CallbackToken, callback_stream};
 
@@ -18,6 +18,18 @@ fn rejected(reason: TokenRejection, user_id: i64, update_id: i64) -> CallbackTok
     TokenRejected {
         reason,
         user_id,
+        update_id,
+    }
+    .into()
+}
+
+fn cancel(user_id: i64, update_id: i64) -> CallbackTokenCommand {
+    CallbackTokenCommand::Cancel { user_id, update_id }
+}
+
+fn cancelled(update_id: i64) -> CallbackTokenEvent {
+    TokenCancelled {
+        user_id: USER,
         update_id,
     }
     .into()
@@ -147,4 +159,64 @@ fn minted_tokens_fit_callback_data_and_name_a_stream() {
         callback_stream(&token).expect("valid"),
         format!("cb-{token}")
     );
+}
+
+#[test]
+fn its_user_cancels_it_before_expiry_and_then_nothing_uses_it() {
+    let state = given::<CallbackToken>([token_issued().into()])
+        .when(cancel(USER, 10), t(599))
+        .then(vec![cancelled(10)]);
+    assert_eq!(state.status, TokenStatus::Cancelled);
+    // A confirmation's *Confirm* after its *Cancel*, or a second *Cancel*: refused.
+    for command in [consume(USER, 11), cancel(USER, 11)] {
+        given::<CallbackToken>([token_issued().into(), cancelled(10)])
+            .when(command, t(20))
+            .then(vec![rejected(TokenRejection::Cancelled, USER, 11)]);
+    }
+}
+
+#[test]
+fn a_cancel_is_refused_like_any_click() {
+    let issued: CallbackTokenEvent = token_issued().into();
+    let cases = [
+        (vec![], USER, t(0), TokenRejection::NotIssued),
+        (vec![issued.clone()], 7, t(10), TokenRejection::WrongUser),
+        (
+            vec![issued.clone(), consumed(10)],
+            USER,
+            t(10),
+            TokenRejection::AlreadyConsumed,
+        ),
+        (vec![issued], USER, t(600), TokenRejection::Expired),
+    ];
+    for (history, user, now, reason) in cases {
+        let before = CallbackToken::replay(&history);
+        let after = given::<CallbackToken>(history)
+            .when(cancel(user, 11), now)
+            .then(vec![rejected(reason, user, 11)]);
+        assert_eq!(
+            after.status, before.status,
+            "a refused cancel changes nothing"
+        );
+    }
+}
+
+#[test]
+fn a_click_is_read_from_its_callback_data() {
+    let token = mint_token(&[0xab; 16]);
+    let cancel_button = cancel_data(&token);
+    assert!(
+        cancel_button.len() <= 64,
+        "fits callback_data: {cancel_button}"
+    );
+    assert_eq!(Click::read(&token), Some(Click::Use(&token)));
+    assert_eq!(Click::read(&cancel_button), Some(Click::Cancel(&token)));
+    assert_eq!(Click::read(&cancel_button).unwrap().token(), token);
+    assert_eq!(
+        Click::read(&cancel_button).unwrap().command(USER, 3),
+        cancel(USER, 3)
+    );
+    for theirs in ["buy_42", "menu-cancel", ""] {
+        assert_eq!(Click::read(theirs), None, "{theirs} is the bot's own");
+    }
 }

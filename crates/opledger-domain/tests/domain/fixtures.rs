@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use opledger_domain::callback_token::{
-    CallbackTokenEvent, TokenConsumed, TokenIssued, TokenRejected, TokenRejection,
+    CallbackTokenEvent, TokenCancelled, TokenConsumed, TokenIssued, TokenRejected, TokenRejection,
 };
 use opledger_domain::delivery::{
     AnswerCallFailed, AnswerCallSent, AnswerCallStarted, DeliveryCommand, DeliveryEvent,
@@ -447,6 +447,11 @@ pub(crate) fn every_token_event() -> Vec<CallbackTokenEvent> {
             reason: TokenRejection::AlreadyConsumed,
             user_id: USER,
             update_id: UPDATE_ID + 6,
+        }
+        .into(),
+        TokenCancelled {
+            user_id: USER,
+            update_id: UPDATE_ID + 7,
         }
         .into(),
     ]

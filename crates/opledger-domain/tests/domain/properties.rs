@@ -258,8 +258,8 @@ proptest! {
     }
 
     #[test]
-    fn a_token_is_consumed_at_most_once(
-        clicks in prop::collection::vec((0u8..4, -5i64..200), 1..30),
+    fn a_token_is_consumed_or_cancelled_at_most_once(
+        clicks in prop::collection::vec((0u8..6, -5i64..200), 1..30),
     ) {
         let mut state = CallbackToken::default();
         let mut log: Vec<CallbackTokenEvent> = Vec::new();
@@ -273,14 +273,21 @@ proptest! {
                     CallbackTokenCommand::Issue(issued)
                 }
                 1 => CallbackTokenCommand::Consume { user_id: 7, update_id: 1 },
+                2 => CallbackTokenCommand::Cancel { user_id: 7, update_id: 3 },
+                3 => CallbackTokenCommand::Cancel { user_id: USER, update_id: 4 },
                 _ => CallbackTokenCommand::Consume { user_id: USER, update_id: 2 },
             };
             let Ok(events) = callback_token::decide(&state, &command, now) else {
                 continue;
             };
             for event in &events {
-                if let CallbackTokenEvent::TokenConsumed(consumed) = event {
-                    prop_assert_eq!(consumed.user_id, USER);
+                let user = match event {
+                    CallbackTokenEvent::TokenConsumed(e) => Some(e.user_id),
+                    CallbackTokenEvent::TokenCancelled(e) => Some(e.user_id),
+                    _ => None,
+                };
+                if let Some(user) = user {
+                    prop_assert_eq!(user, USER);
                     prop_assert!(state.expires_at.is_some_and(|at| now < at));
                 }
                 state = callback_token::evolve(state, event);
@@ -289,7 +296,7 @@ proptest! {
         }
         let count = |kind: &str| log.iter().filter(|e| opledger_domain::DomainEvent::event_type(*e) == kind).count();
         prop_assert!(count("TokenIssued") <= 1);
-        prop_assert!(count("TokenConsumed") <= 1);
+        prop_assert!(count("TokenConsumed") + count("TokenCancelled") <= 1, "used once: {:?}", log);
         prop_assert_eq!(state.version, log.len() as u64);
         prop_assert_eq!(CallbackToken::replay(&log), state);
     }

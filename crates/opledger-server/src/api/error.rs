@@ -47,6 +47,16 @@ pub(crate) enum ApiError {
         fingerprint: String,
         existing_fingerprint: String,
     },
+    /// An operator's decision about an operation that is not waiting for one: 409, nothing
+    /// changed.
+    #[error(
+        "operation {operation_id} is {status}, not waiting for reconciliation; nothing was \
+         changed: see its events for who settled it"
+    )]
+    NotWaiting {
+        operation_id: String,
+        status: String,
+    },
     /// A bearer token that is not the admin token: 401.
     #[error(
         "the admin token is wrong: send `Authorization: Bearer <token>` with the token from the \
@@ -78,7 +88,7 @@ pub(crate) enum ApiError {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ErrorBody {
     /// A stable code: `unauthorized`, `forbidden`, `api_disabled`, `bad_parameter`,
-    /// `bad_request`, `not_found`, `key_conflict`, `unavailable`, `internal`.
+    /// `bad_request`, `not_found`, `key_conflict`, `not_waiting`, `unavailable`, `internal`.
     #[schema(example = "bad_parameter")]
     pub(crate) error: &'static str,
     /// What went wrong and what to do, for a person.
@@ -93,6 +103,10 @@ pub(crate) struct ErrorBody {
     /// For `key_conflict`: the operation that holds the key, and both fingerprints.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) conflict: Option<Conflict>,
+    /// For `not_waiting`: where the operation stands (`confirmed`, `reconciled`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "reconciled")]
+    pub(crate) status: Option<String>,
 }
 
 /// The operation a conflicting request collided with.
@@ -119,7 +133,7 @@ impl ApiError {
             ApiError::Disabled | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BadParameter { .. } | ApiError::BadBody(_) => StatusCode::BAD_REQUEST,
             ApiError::Forbidden => StatusCode::FORBIDDEN,
-            ApiError::KeyConflict { .. } => StatusCode::CONFLICT,
+            ApiError::KeyConflict { .. } | ApiError::NotWaiting { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -133,6 +147,7 @@ impl ApiError {
             ApiError::BadBody(_) => "bad_request",
             ApiError::Forbidden => "forbidden",
             ApiError::KeyConflict { .. } => "key_conflict",
+            ApiError::NotWaiting { .. } => "not_waiting",
             ApiError::NotFound(_) => "not_found",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
@@ -164,6 +179,10 @@ impl IntoResponse for ApiError {
                     existing_fingerprint: existing_fingerprint.clone(),
                     fingerprint: fingerprint.clone(),
                 }),
+                _ => None,
+            },
+            status: match &self {
+                ApiError::NotWaiting { status, .. } => Some(status.clone()),
                 _ => None,
             },
         };

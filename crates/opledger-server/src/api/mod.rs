@@ -15,9 +15,10 @@
 //! - Errors are JSON (`{"error", "message", "parameter"?}`): 400 naming a bad or unknown
 //!   parameter, 404 for an unknown id, stream or route, 503 when storage cannot be read.
 //!
-//! The read routes only read: operators act through `opledger reconcile resolve` and the other
-//! commands, whose decisions are recorded with their names. The one route that writes,
-//! `POST /v1/operations` (`submit.rs`), goes through the intake's unit of work like a command.
+//! The read routes only read. The routes that write go through the unit of work like a command:
+//! `POST /v1/operations` (`submit.rs`) and `POST /v1/buttons` (`buttons.rs`) through the
+//! intake's, `POST /v1/operations/{id}/resolution` (`resolution.rs`, admin token only) through
+//! the very function of `opledger reconcile resolve`, recorded with the operator's name.
 
 mod auth;
 mod buttons;
@@ -26,6 +27,7 @@ mod events;
 mod operations;
 mod params;
 mod read_models;
+mod resolution;
 mod submit;
 
 use std::sync::Arc;
@@ -117,6 +119,7 @@ fn guarded() -> OpenApiRouter<Arc<AppState>> {
     OpenApiRouter::with_openapi(Document::openapi())
         .routes(routes!(operations::list, submit::submit))
         .routes(routes!(operations::events))
+        .routes(routes!(resolution::resolve))
         .routes(routes!(buttons::issue))
         .routes(routes!(events::stream))
         .routes(routes!(read_models::reconciliation))

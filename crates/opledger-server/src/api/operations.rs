@@ -182,7 +182,7 @@ pub(crate) async fn list(
 }
 
 /// Reads the `id` path parameter: an operation id is a UUID.
-fn operation_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+pub(crate) fn operation_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(id) = path.map_err(|e| ApiError::bad("id", e.body_text()))?;
     uuid::Uuid::try_parse(&id).map_err(|_| {
         ApiError::bad(

@@ -7,8 +7,11 @@
 //! (`Received`) or joins it, a repeat of the same key with other parameters records a
 //! `KeyConflictRecorded`, an action with a repeat window records `CommandSeen` on its guard and
 //! gives its operation the guard's epoch, and a button click consumes its token and starts the
-//! token's action. Then the delivery is decided, once, with the operation the route started or
-//! joined, and staged first: `UpdateReceived` comes before everything it led to.
+//! token's action. An action that asks for confirmation (`confirm`) starts nothing on its
+//! command: the command issues a one-time token instead, whose *Confirm* button is the token
+//! (a click starts the action, once) and whose *Cancel* button cancels it. Then the delivery is
+//! decided, once, with the operation the route started or joined, and staged first:
+//! `UpdateReceived` comes before everything it led to.
 //!
 //! Public so that a caller which batches its own appends (the rebuild benchmark's generator)
 //! records updates with the very decision [`super::Intake::record`] runs: [`Rules`] from the
@@ -20,9 +23,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use opledger_config::{ActionConfig, Config, ForwardUpdates};
+use opledger_config::{ActionConfig, Config, ConfirmConfig, ForwardUpdates};
 use opledger_domain::callback_token::{
-    self, CallbackToken, CallbackTokenCommand, CallbackTokenEvent, TokenIssued, TokenRejection,
+    self, CallbackToken, CallbackTokenCommand, CallbackTokenEvent, Click, TOKEN_RANDOM_BYTES,
+    TokenIssued, TokenRejection, mint_token,
 };
 use opledger_domain::delivery::{self, Delivery, DeliveryCommand, DeliveryEvent, raw_attachment};
 use opledger_domain::operation::{self, OperationCommand, OperationEvent, Received};
@@ -54,8 +58,18 @@ pub enum Route {
     Help,
     /// `/status` (with an optional operation id): answered from read models.
     Status { operation_id: Option<String> },
-    /// A button click that was refused (already used, another user, expired, unknown).
+    /// A button click that was refused (already used, cancelled, another user, expired,
+    /// unknown).
     TokenRefused { reason: String },
+    /// A command of an action that asks first: a one-time token was issued for the user's
+    /// *Confirm* (the token) and *Cancel* buttons, to be sent with `question`.
+    Confirm {
+        action: String,
+        token: String,
+        question: String,
+    },
+    /// A confirmation's *Cancel*: its token is cancelled, nothing was started.
+    Cancelled,
 }
 
 impl Route {
@@ -249,6 +263,9 @@ pub struct Arrival<'a> {
     /// The body as received; the ledger keeps it only when the operator opted in.
     pub raw: &'a [u8],
     pub now: DateTime<Utc>,
+    /// Random bytes the shell drew for this update: the token of a confirmation it asks for is
+    /// minted from them (the decision has no random source of its own).
+    pub token_seed: [u8; TOKEN_RANDOM_BYTES],
 }
 
 impl Arrival<'_> {
@@ -412,6 +429,9 @@ impl Router<'_> {
         let Ok(mut key) = origin.key(action, &params) else {
             return Ok(Route::usage(action));
         };
+        if let (Some(confirm), Some(_)) = (&action.confirm, command) {
+            return self.ask(action, confirm, key, params, changes);
+        }
         if let (Some(window), Some(command)) = (action.repeat_window, command) {
             let stream = stream_id(repeat_guard_stream(
                 bot,
@@ -442,7 +462,59 @@ impl Router<'_> {
         })
     }
 
-    /// Consumes a button's token; an accepted click starts the token's action.
+    /// Asks the user to confirm the operation `key` names: issues a one-time token for them,
+    /// whose click starts the action with `params` (as a button's would), and the question to
+    /// send with it. Nothing is started: a command without a user to ask goes nowhere.
+    fn ask(
+        &self,
+        action: &ActionConfig,
+        confirm: &ConfirmConfig,
+        key: String,
+        params: BTreeMap<String, String>,
+        changes: &mut Changes,
+    ) -> Result<Route, Undecided<IntakeRejection>> {
+        let Arrival {
+            update,
+            now,
+            token_seed,
+            ..
+        } = *self.arrival;
+        let Some(user_id) = update.user_id else {
+            return Ok(Route::Nothing);
+        };
+        let operation_id = OperationId::new(&action.name, &key);
+        let value = |name: &str| match name {
+            "operation_id" => Some(operation_id.to_string()),
+            "action" => Some(action.name.clone()),
+            param => params.get(param).cloned(),
+        };
+        let Ok(question) = confirm.question.render(&value) else {
+            return Ok(Route::usage(action));
+        };
+        let token = mint_token(&token_seed);
+        let issued = TokenIssued {
+            token: token.clone(),
+            action: action.name.clone(),
+            operation_id: Some(operation_id),
+            user_id,
+            chat_id: update.chat_id,
+            expires_at: now + TimeDelta::from_std(confirm.expiry).unwrap_or(TimeDelta::weeks(1)),
+            payload: params,
+        };
+        let stream = stream_id(callback_stream(&token))?;
+        let state: CallbackToken = self.snapshot.state(&stream)?;
+        let events = callback_token::decide(&state, &CallbackTokenCommand::Issue(issued), now)
+            .map_err(rejected)?;
+        changes.decided(&stream, &state, &events, self.metadata);
+        Ok(Route::Confirm {
+            action: action.name.clone(),
+            token,
+            question,
+        })
+    }
+
+    /// Consumes a button's token (or cancels it, for a confirmation's *Cancel*); an accepted
+    /// click starts the token's action.
     fn click(
         &self,
         callback: &CallbackQuery,
@@ -454,10 +526,10 @@ impl Router<'_> {
         };
         // Only our own tokens (minted with the token prefix) name a stream; any other callback
         // data belongs to the bot's own buttons and is not ours to judge.
-        if !data.starts_with(callback_token::TOKEN_PREFIX) {
+        let Some(click) = Click::read(data) else {
             return Ok(Route::Nothing);
-        }
-        let Ok(stream) = callback_stream(data) else {
+        };
+        let Ok(stream) = callback_stream(click.token()) else {
             return Ok(Route::Nothing);
         };
         let stream = StreamId::new(stream).map_err(rejected)?;
@@ -466,12 +538,13 @@ impl Router<'_> {
         };
         // A token is issued before anyone clicks it: assuming its stream new would be wrong.
         let token: IssuedToken = self.snapshot.read(&stream)?;
-        let consume = CallbackTokenCommand::Consume {
-            user_id,
-            update_id: update.update_id,
-        };
-        let events = callback_token::decide(&token.state, &consume, now).map_err(rejected)?;
+        let command = click.command(user_id, update.update_id);
+        let events = callback_token::decide(&token.state, &command, now).map_err(rejected)?;
         match events.first() {
+            Some(CallbackTokenEvent::TokenCancelled(_)) => {
+                changes.decided(&stream, &token, &events, self.metadata);
+                Ok(Route::Cancelled)
+            }
             Some(CallbackTokenEvent::TokenConsumed(_)) => {
                 changes.decided(&stream, &token, &events, self.metadata);
                 let Some(issued) = &token.issued else {
@@ -483,10 +556,10 @@ impl Router<'_> {
                 self.action(action, issued.payload.clone(), None, changes)
             }
             Some(CallbackTokenEvent::TokenRejected(rejected)) => {
-                // A refusal no later event can undo (the token is used up, is another user's, or
-                // has expired) is a note, like a duplicate delivery, so that clicks refused at
-                // once do not race each other into 503s. A token not issued (yet) depends on the
-                // version read.
+                // A refusal no later event can undo (the token is used up or cancelled, is
+                // another user's, or has expired) is a note, like a duplicate delivery, so that
+                // clicks refused at once do not race each other into 503s. A token not issued
+                // (yet) depends on the version read.
                 let expected = match rejected.reason {
                     TokenRejection::NotIssued => token.expected(),
                     _ => ExpectedVersion::Any,
@@ -496,7 +569,10 @@ impl Router<'_> {
                     reason: reason_name(rejected.reason),
                 })
             }
-            other => Err(unexpected("a consumed or a refused click", other)),
+            other => Err(unexpected(
+                "a consumed, a cancelled or a refused click",
+                other,
+            )),
         }
     }
 }

@@ -79,6 +79,7 @@ fn decide(update: &Update, raw: &[u8], mut snapshot: Snapshot) -> (Decided, Chan
         update,
         raw,
         now: now(),
+        token_seed: [0; 16],
     };
     loop {
         let mut changes = Changes::default();

@@ -140,6 +140,9 @@ impl Intake {
             update: &update,
             raw,
             now,
+            // Drawn once, before the unit of work: a decision run again after a conflict
+            // mints the same confirmation token.
+            token_seed: *uuid::Uuid::new_v4().as_bytes(),
         };
         let committed = self
             .ledger

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use chrono::{DateTime, TimeDelta, Utc};
 use opledger_config::Config;
 use opledger_domain::callback_token::{
-    CallbackToken, CallbackTokenEvent, TokenConsumed, TokenIssued, TokenRejected, TokenRejection,
+    CallbackToken, CallbackTokenEvent, TokenCancelled, TokenConsumed, TokenIssued, TokenRejected,
+    TokenRejection, cancel_data, mint_token,
 };
 use opledger_domain::delivery::{
     Delivery, DeliveryEvent, DuplicateDeliveryObserved, RawUpdateStored, UpdateIdCollision,
@@ -91,6 +92,9 @@ fn click(update_id: i64, user: i64, data: &str) -> Vec<u8> {
 }
 
 const TOKEN: &str = "t1_00112233445566778899aabbccddeeff";
+
+/// The random bytes every test arrival carries: a confirmation's token is minted from them.
+const SEED: [u8; 16] = [0xc0; 16];
 
 fn token_stream() -> StreamId {
     stream(&callback_stream(TOKEN).expect("a token"))
@@ -233,6 +237,7 @@ impl Given {
             update: &update,
             raw: body,
             now: t(at),
+            token_seed: SEED,
         };
         let mut changes = Changes::default();
         let decided = decision::decide(
@@ -285,6 +290,28 @@ impl Then {
             "staged on {stream}"
         );
         self
+    }
+
+    /// Asserts that the click of update 5 by `user` was refused for `reason`, recorded as a note
+    /// on `token` (at any version), and went nowhere.
+    fn refused_as_a_note(&self, token: &StreamId, reason: TokenRejection, user: i64) -> &Self {
+        let name = serde_json::to_value(reason).expect("a reason");
+        self.routed(
+            1,
+            Route::TokenRefused {
+                reason: name.as_str().expect("a name").to_owned(),
+            },
+        )
+        .streams(&[&delivery(5), token])
+        .staged(
+            token,
+            ExpectedVersion::Any,
+            vec![CallbackTokenEvent::from(TokenRejected {
+                reason,
+                user_id: user,
+                update_id: 5,
+            })],
+        )
     }
 
     /// Asserts the attachments written with `stream`'s append: `(name, body)`.
@@ -667,30 +694,11 @@ fn clicks_no_later_event_can_save_are_refused_as_notes_at_any_version() {
     ];
     for (history, user, at, reason) in cases {
         let body = click(5, user, TOKEN);
-        let then = given()
+        given()
             .stream::<Delivery>(&delivery(5), &[])
             .stream::<IssuedToken>(&token_stream(), &history)
-            .when(&body, at);
-        then.routed(
-            1,
-            Route::TokenRefused {
-                reason: serde_json::to_value(reason)
-                    .unwrap()
-                    .as_str()
-                    .unwrap()
-                    .to_owned(),
-            },
-        )
-        .streams(&[&delivery(5), &token_stream()])
-        .staged(
-            &token_stream(),
-            ExpectedVersion::Any,
-            vec![CallbackTokenEvent::from(TokenRejected {
-                reason,
-                user_id: user,
-                update_id: 5,
-            })],
-        );
+            .when(&body, at)
+            .refused_as_a_note(&token_stream(), reason, user);
     }
 }
 
@@ -981,6 +989,206 @@ fn a_submission_that_does_not_fit_its_action_is_refused_and_stages_nothing() {
         let refused = refusal(started);
         assert!(refused.starts_with(expected), "{refused}");
         assert!(changes.is_empty(), "nothing staged for {asked:?}");
+    }
+}
+
+/// `/gift <campaign>`, one per campaign and user, asking first; it calls nothing out.
+const GIFT: &str = r#"
+[[actions]]
+name = "gift"
+bot = "shop"
+command = "gift"
+params = ["campaign"]
+key = "{campaign}:{user_id}"
+confirm = "Send a {campaign} gift ({operation_id})?"
+confirm_expiry_secs = 300
+"#;
+
+/// The confirmation token every test's `/gift` is asked with.
+fn gift_token() -> String {
+    mint_token(&SEED)
+}
+
+fn gift_stream() -> StreamId {
+    stream(&callback_stream(&gift_token()).expect("a token"))
+}
+
+/// What `/gift spring`, received at `at`, issues for `USER`.
+fn gift_issued(at: i64) -> CallbackTokenEvent {
+    TokenIssued {
+        token: gift_token(),
+        action: "gift".to_owned(),
+        operation_id: Some(OperationId::new("gift", "spring:7")),
+        user_id: USER,
+        chat_id: Some(USER),
+        expires_at: t(at + 300),
+        payload: BTreeMap::from([("campaign".to_owned(), "spring".to_owned())]),
+    }
+    .into()
+}
+
+#[test]
+fn a_command_that_asks_first_issues_its_token_and_starts_nothing() {
+    let body = message(1, 0, "/gift spring");
+    let asked = Route::Confirm {
+        action: "gift".to_owned(),
+        token: gift_token(),
+        question: format!(
+            "Send a spring gift ({})?",
+            OperationId::new("gift", "spring:7")
+        ),
+    };
+    // On the first attempt, and again after a conflict (every stream read, none there yet).
+    for attempt in [
+        first_attempt(),
+        given()
+            .stream::<Delivery>(&delivery(1), &[])
+            .stream::<CallbackToken>(&gift_stream(), &[]),
+    ] {
+        attempt
+            .with_config(GIFT)
+            .when(&body, 1)
+            .routed(1, asked.clone())
+            .streams(&[&delivery(1), &gift_stream()])
+            .staged(
+                &delivery(1),
+                ExpectedVersion::NoStream,
+                vec![receipt(&body, 1, 1, None)],
+            )
+            .staged(
+                &gift_stream(),
+                ExpectedVersion::NoStream,
+                vec![gift_issued(1)],
+            );
+    }
+    assert!(gift_token().len() <= 64 && cancel_data(&gift_token()).len() <= 64);
+}
+
+#[test]
+fn a_confirmation_s_malformed_command_is_answered_with_its_usage() {
+    first_attempt()
+        .with_config(GIFT)
+        .when(&message(1, 0, "/gift"), 1)
+        .routed(
+            1,
+            Route::Usage {
+                action: "gift".to_owned(),
+            },
+        )
+        .streams(&[&delivery(1)]);
+}
+
+#[test]
+fn confirm_starts_the_action_as_the_command_would_have() {
+    let body = click(5, USER, &gift_token());
+    let op = stream("op-gift-spring:7");
+    let started = link("gift", "spring:7", false);
+    first_attempt()
+        .with_config(GIFT)
+        .stream::<IssuedToken>(&gift_stream(), &[gift_issued(0)])
+        .when(&body, 10)
+        .routed(1, Route::Started(started))
+        .streams(&[&delivery(5), &gift_stream(), &op])
+        .staged(
+            &gift_stream(),
+            ExpectedVersion::Exact(1),
+            vec![CallbackTokenEvent::from(TokenConsumed {
+                user_id: USER,
+                update_id: 5,
+            })],
+        )
+        .staged(
+            &op,
+            ExpectedVersion::NoStream,
+            vec![OperationEvent::from(gift_request(&body))],
+        );
+    // An operation that exists already under the key is joined, as by the command.
+    given()
+        .with_config(GIFT)
+        .stream::<Delivery>(&delivery(5), &[])
+        .stream::<IssuedToken>(&gift_stream(), &[gift_issued(0)])
+        .stream::<Operation>(&op, &[gift_request(&click(4, USER, &gift_token())).into()])
+        .when(&body, 10)
+        .routed(1, Route::Joined(link("gift", "spring:7", true)));
+}
+
+/// The request the *Confirm* click in `body` makes.
+fn gift_request(body: &[u8]) -> Received {
+    let update = parse_update(body).expect("an update");
+    let params = BTreeMap::from([("campaign".to_owned(), "spring".to_owned())]);
+    Received {
+        operation_id: OperationId::new("gift", "spring:7"),
+        action: "gift".to_owned(),
+        business_key: "spring:7".to_owned(),
+        fingerprint: fingerprint("gift", &params),
+        params,
+        bot: "shop".to_owned(),
+        chat_id: update.chat_id,
+        user_id: update.user_id,
+        update_id: update.update_id,
+        message_date: update.message_date,
+        max_attempts: 1,
+    }
+}
+
+#[test]
+fn cancel_cancels_the_token_and_starts_nothing() {
+    let body = click(5, USER, &cancel_data(&gift_token()));
+    first_attempt()
+        .with_config(GIFT)
+        .stream::<IssuedToken>(&gift_stream(), &[gift_issued(0)])
+        .when(&body, 10)
+        .routed(1, Route::Cancelled)
+        .streams(&[&delivery(5), &gift_stream()])
+        .staged(
+            &delivery(5),
+            ExpectedVersion::NoStream,
+            vec![receipt(&body, 10, 1, None)],
+        )
+        .staged(
+            &gift_stream(),
+            ExpectedVersion::Exact(1),
+            vec![CallbackTokenEvent::from(TokenCancelled {
+                user_id: USER,
+                update_id: 5,
+            })],
+        );
+}
+
+#[test]
+fn after_a_cancel_confirm_is_refused_and_another_user_cancels_nothing() {
+    let cancelled: CallbackTokenEvent = TokenCancelled {
+        user_id: USER,
+        update_id: 4,
+    }
+    .into();
+    let cases = [
+        (
+            vec![gift_issued(0), cancelled.clone()],
+            USER,
+            gift_token(),
+            TokenRejection::Cancelled,
+        ),
+        (
+            vec![gift_issued(0), cancelled],
+            USER,
+            cancel_data(&gift_token()),
+            TokenRejection::Cancelled,
+        ),
+        (
+            vec![gift_issued(0)],
+            USER + 1,
+            cancel_data(&gift_token()),
+            TokenRejection::WrongUser,
+        ),
+    ];
+    for (history, user, data, reason) in cases {
+        given()
+            .with_config(GIFT)
+            .stream::<Delivery>(&delivery(5), &[])
+            .stream::<IssuedToken>(&gift_stream(), &history)
+            .when(&click(5, user, &data), 10)
+            .refused_as_a_note(&gift_stream(), reason, user);
     }
 }
 

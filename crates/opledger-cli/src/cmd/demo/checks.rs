@@ -241,8 +241,8 @@ pub(super) fn one_click_counted(token: &[Fact]) -> Checked<Clicks> {
 /// The operation is in the reconciliation queue, and it is the only one there.
 pub(super) fn waiting_for_a_person<'a>(
     operation_id: &str,
-    queue: &'a [opledger_worker::reconcile::Waiting],
-) -> Checked<&'a opledger_worker::reconcile::Waiting> {
+    queue: &'a [opledger_server::reconcile::Waiting],
+) -> Checked<&'a opledger_server::reconcile::Waiting> {
     match queue {
         [waiting] if waiting.operation_id == operation_id => Ok(waiting),
         _ => unexpected(format!(

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow};
+use opledger_server::reconcile;
 use opledger_server::{Clock, SystemClock};
 use opledger_store::{AnyStore, EventStore, StreamId};
-use opledger_worker::reconcile;
 use serde_json::{Value, json};
 
 use super::checks::{self, Fact, Operation, Tally, Unexpected};

@@ -3,18 +3,21 @@
 //!
 //! The read model only finds the operation's stream; the decision is made on the stream itself,
 //! by the domain's `decide`, through the unit of work, which commits it at the version it was
-//! decided on, so a decision can never land on an operation that moved meanwhile. Shared by
-//! `opledger reconcile` and, later, the admin API.
+//! decided on, so a decision can never land on an operation that moved meanwhile. The one
+//! implementation behind `opledger reconcile resolve` and `POST /v1/operations/{id}/resolution`:
+//! both record the same event with the same cause, the operator.
 
 use chrono::{DateTime, Utc};
-use opledger_domain::operation::{OperationCommand, ReconcileOutcome, Reconciled, Status};
-use opledger_domain::{Causation, EventMetadata, Rejection};
+use opledger_domain::operation::{
+    self, OperationCommand, ReconcileOutcome, Reconciled, Status, evolve,
+};
+use opledger_domain::text::storable_string;
+use opledger_domain::{Causation, EventMetadata, Operation, Rejection};
 use opledger_ledger::{Changes, Ledger, LedgerError, Undecided, UnitError};
 use opledger_projections::operation_status::{self, Filter, OperationStatusRow, ReadError};
 use opledger_store::{AnyStore, ReadPool, StoreError, StreamId};
-use serde::Serialize;
-
-use crate::handle::{View, stage};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// Why an operation could not be listed or resolved. Nothing was changed, unless a storage
 /// error says the outcome is unknown; resolving again is then safe: it finds the operation
@@ -94,6 +97,30 @@ impl From<StoreError> for ReconcileError {
     }
 }
 
+/// What a person found out, as `opledger reconcile resolve --outcome` and the API's `outcome`
+/// spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The effect happened.
+    Succeeded,
+    /// The effect did not happen and will not.
+    Failed,
+    /// The effect did not happen: call again, with the same operation id.
+    Retry,
+}
+
+impl From<Outcome> for ReconcileOutcome {
+    fn from(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Succeeded => ReconcileOutcome::Succeeded,
+            Outcome::Failed => ReconcileOutcome::Failed,
+            Outcome::Retry => ReconcileOutcome::Retry,
+        }
+    }
+}
+
 /// The stable snake_case name of an outcome, as the event's payload spells it.
 pub fn outcome_name(outcome: ReconcileOutcome) -> &'static str {
     match outcome {
@@ -135,6 +162,7 @@ pub async fn resolve(
     decision: Reconciled,
     now: DateTime<Utc>,
 ) -> Result<Resolved, ReconcileError> {
+    let decision = storable(decision);
     check(&decision)?;
     let operation_id = operation_id.trim().to_ascii_lowercase();
     let row = operation_status::get(store.reader(), &operation_id)
@@ -147,8 +175,8 @@ pub async fn resolve(
     let committed = ledger
         .unit_of_work()
         .run(|snapshot, changes| {
-            let view: View = snapshot.state(&stream)?;
-            stage_resolution(changes, &stream, &view, &operation_id, &decision, now)
+            let state: Operation = snapshot.state(&stream)?;
+            stage_resolution(changes, &stream, &state, &operation_id, &decision, now)
                 .map_err(Undecided::Rejected)
         })
         .await
@@ -167,18 +195,17 @@ pub async fn resolve(
     })
 }
 
-/// Stages a person's `decision` about operation `operation_id` on `stream`, decided on `view`:
-/// `Reconciled`, caused by the operator, at the view's version; returns where the operation
-/// stands after it. Pure: [`resolve`] runs it through the unit of work.
+/// Stages a person's `decision` about operation `operation_id` on `stream`, decided on its
+/// `state`: `Reconciled`, caused by the operator, at the state's version; returns where the
+/// operation stands after it. Pure: [`resolve`] runs it through the unit of work.
 pub fn stage_resolution(
     changes: &mut Changes,
     stream: &StreamId,
-    view: &View,
+    state: &Operation,
     operation_id: &str,
     decision: &Reconciled,
     now: DateTime<Utc>,
 ) -> Result<Status, Refusal> {
-    let state = &view.state;
     if state.operation_id.map(|id| id.to_string()).as_deref() != Some(operation_id) {
         // The read model names a stream that does not hold this operation: it is stale.
         return Err(Refusal::Stale);
@@ -189,9 +216,10 @@ pub fn stage_resolution(
     let metadata = EventMetadata::caused_by(Causation::Operator {
         operator: decision.operator.clone(),
     });
-    let command = [OperationCommand::Reconcile(decision.clone())];
-    let after = stage(changes, stream, view, &command, now, &metadata).map_err(Refusal::Domain)?;
-    Ok(after.state.status)
+    let command = OperationCommand::Reconcile(decision.clone());
+    let events = operation::decide(state, &command, now).map_err(Refusal::Domain)?;
+    changes.decided(stream, state, &events, &metadata);
+    Ok(events.iter().fold(state.clone(), evolve).status)
 }
 
 /// Why a decision was refused on the operation's latest state.
@@ -228,6 +256,17 @@ fn refused(error: UnitError<Refusal>, operation_id: &str) -> ReconcileError {
             source: unreadable.source,
         }),
         UnitError::Encode(error) => ReconcileError::Ledger(LedgerError::Encode(error)),
+    }
+}
+
+/// The decision as both backends can store it (ADR 0010): its texts come from a person, through
+/// a command line or an HTTP body.
+fn storable(decision: Reconciled) -> Reconciled {
+    Reconciled {
+        external_id: decision.external_id.map(storable_string),
+        operator: storable_string(decision.operator),
+        note: storable_string(decision.note),
+        ..decision
     }
 }
 
@@ -318,36 +357,77 @@ mod tests {
         }
     }
 
+    fn now() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000, 0).expect("a time")
+    }
+
+    fn stream() -> StreamId {
+        StreamId::new(opledger_domain::operation_stream("coupon", "a").unwrap()).unwrap()
+    }
+
+    /// Decides `commands` one after the other from `state`, as the worker would have.
+    fn given(state: Operation, commands: Vec<OperationCommand>) -> Operation {
+        commands.iter().fold(state, |state, command| {
+            let events = operation::decide(&state, command, now()).expect("accepted");
+            events.iter().fold(state, evolve)
+        })
+    }
+
+    /// An operation whose call was sent and whose outcome is not known yet.
+    fn call_sent() -> Operation {
+        let received = opledger_domain::operation::Received {
+            operation_id: opledger_domain::OperationId::new("coupon", "a"),
+            action: "coupon".to_owned(),
+            business_key: "a".to_owned(),
+            fingerprint: "f".to_owned(),
+            params: std::collections::BTreeMap::new(),
+            bot: "shop".to_owned(),
+            chat_id: Some(7),
+            user_id: Some(7),
+            update_id: 41,
+            message_date: None,
+            max_attempts: 3,
+        };
+        let claim = OperationCommand::Claim {
+            worker: "w1".to_owned(),
+            lease_until: now() + chrono::TimeDelta::seconds(30),
+        };
+        let sent = OperationCommand::RecordCallSent {
+            worker: "w1".to_owned(),
+        };
+        given(
+            Operation::default(),
+            vec![OperationCommand::Receive(received), claim, sent],
+        )
+    }
+
     #[test]
     fn a_resolution_is_staged_only_on_the_operation_waiting_for_it() {
-        use opledger_domain::operation::{MarkedForReconciliation, OperationEvent};
-        use opledger_ledger::StreamState;
+        use opledger_domain::operation::OperationEvent;
         use opledger_store::ExpectedVersion;
 
-        use crate::handle::tests::{called, now, received, stream};
-
-        let view_of = |events: &[OperationEvent]| events.iter().fold(View::default(), View::apply);
-        let mut events = called("a", "w1");
-        let id = received("a").operation_id.to_string();
+        let sent = call_sent();
+        let id = sent.operation_id.unwrap().to_string();
         let retry = decision(ReconcileOutcome::Retry, None);
         let mut changes = Changes::default();
-        let stage = |changes: &mut Changes, view: &View, id: &str| {
-            stage_resolution(changes, &stream("a"), view, id, &retry, now())
+        let stage = |changes: &mut Changes, state: &Operation, id: &str| {
+            stage_resolution(changes, &stream(), state, id, &retry, now())
         };
-        let not_waiting = stage(&mut changes, &view_of(&events), &id);
+        let not_waiting = stage(&mut changes, &sent, &id);
         assert_eq!(not_waiting, Err(Refusal::NotWaiting(Status::CallSent)));
-        let marked = MarkedForReconciliation {
-            reason: "unknown".to_owned(),
-            attempt: 1,
-        };
-        events.push(marked.into());
-        let stale = stage(&mut changes, &view_of(&events), "another-operation");
+        let marked = given(
+            sent,
+            vec![OperationCommand::MarkForReconciliation {
+                reason: "unknown".to_owned(),
+            }],
+        );
+        let stale = stage(&mut changes, &marked, "another-operation");
         assert_eq!(stale, Err(Refusal::Stale));
         assert!(changes.is_empty());
 
-        let status = stage(&mut changes, &view_of(&events), &id);
+        let status = stage(&mut changes, &marked, &id);
         assert_eq!(status, Ok(Status::RetryScheduled));
-        let (expected, staged) = changes.staged::<OperationEvent>(&stream("a")).unwrap();
+        let (expected, staged) = changes.staged::<OperationEvent>(&stream()).unwrap();
         assert_eq!(expected, ExpectedVersion::Exact(4));
         assert_eq!(staged, vec![OperationEvent::Reconciled(retry.clone())]);
         let metadata = changes.requests()[0].events[0].metadata.get();
@@ -355,6 +435,19 @@ mod tests {
             metadata.contains("alice"),
             "caused by the operator: {metadata}"
         );
+    }
+
+    #[test]
+    fn a_decision_is_kept_as_both_backends_can_store_it() {
+        let decision = storable(Reconciled {
+            external_id: Some("crm\u{0}1".to_owned()),
+            operator: "ali\u{0}ce".to_owned(),
+            note: "checked\u{0}".to_owned(),
+            ..decision(ReconcileOutcome::Succeeded, None)
+        });
+        assert_eq!(decision.external_id.as_deref(), Some("crm\u{fffd}1"));
+        assert_eq!(decision.operator, "ali\u{fffd}ce");
+        assert_eq!(decision.note, "checked\u{fffd}");
     }
 
     #[test]
