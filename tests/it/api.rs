@@ -735,6 +735,7 @@ async fn projections_show_their_checkpoint_and_lag(backend: Backend) {
     let names: BTreeSet<&str> = listed.keys().map(String::as_str).collect();
     let mut expected: BTreeSet<&str> = ASYNC_PROJECTIONS.iter().copied().collect();
     expected.insert("operation_status");
+    expected.insert("forward_queue");
     assert_eq!(names, expected);
     for (name, projection) in &listed {
         assert_eq!(projection["state"], "active", "{name}");
@@ -742,7 +743,11 @@ async fn projections_show_their_checkpoint_and_lag(backend: Backend) {
         assert_eq!(projection["head"], head, "{name}");
         assert_eq!(projection["lag"], 0, "{name}");
         assert_eq!(projection["stalled"], false, "{name}");
-        assert_eq!(projection["inline"], name == "operation_status", "{name}");
+        assert_eq!(
+            projection["inline"],
+            name == "operation_status" || name == "forward_queue",
+            "{name}"
+        );
         assert_eq!(
             projection["definition_hash"].as_str().map(str::len),
             Some(64),

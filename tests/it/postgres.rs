@@ -464,7 +464,7 @@ async fn the_cli_migrates_and_prints_a_postgres_ledger() {
     };
     let migrate = opledger(database.url(), &["migrate"]);
     assert!(migrate.status.success(), "{}", stderr(&migrate));
-    assert!(stdout(&migrate).contains("schema version 1, 0 events"));
+    assert!(stdout(&migrate).contains("schema version 2, 0 events"));
     let store = open(database.url(), PgOptions::default()).await;
     store.append(one("op-cli", "Received", 7)).await.unwrap();
     store.close().await;
