@@ -178,6 +178,10 @@ async fn closed_loop(
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    assert!(
+        !sorted.is_empty(),
+        "no request succeeded: is the service configured as the bench expects?"
+    );
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
@@ -276,6 +280,7 @@ async fn operations_phase(backend: &'static str, url: &str, dir: &std::path::Pat
                 "params": { "name": format!("lead-{n}") },
                 "chat_id": 1_000_000 + n,
                 "user_id": 1_000_000 + n,
+                "update_id": 300_000_000 + n,
             }))
     };
     let sent = closed_loop(senders, seconds, request, |s| s.as_u16() == 201).await;
