@@ -24,3 +24,5 @@ CREATE TABLE "{table}" (
 
 -- indexes
 CREATE INDEX "{index}_lane" ON "{table}" (bot, lane, position) WHERE state <> 'answering';
+-- The forwarder reads lane heads oldest first and stops at its page: an ordered walk.
+CREATE INDEX "{index}_order" ON "{table}" (position) WHERE state <> 'answering';

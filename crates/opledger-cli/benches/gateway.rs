@@ -369,8 +369,8 @@ async fn main() {
     }
     let backends = std::env::var("OPLEDGER_BENCH_BACKENDS").unwrap_or("sqlite,postgres".into());
     let mut rows = Vec::new();
-    for backend in ["SQLite", "PostgreSQL"] {
-        if !backends.to_lowercase().contains(&backend.to_lowercase()) {
+    for (backend, key) in [("SQLite", "sqlite"), ("PostgreSQL", "postgres")] {
+        if !backends.to_lowercase().contains(key) {
             continue;
         }
         for phase in 0..3 {

@@ -16,7 +16,7 @@
 //! the call's outcome after it; a call started whose outcome was never recorded (the process
 //! died) is swept as unknown after [`ANSWER_LEASE`], never made again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,6 +61,9 @@ pub const ANSWER_LEASE: TimeDelta = TimeDelta::seconds(60);
 /// The most of an answer the forwarder reads: a method call is small.
 const ANSWER_LIMIT: usize = 1 << 20;
 
+/// How many due rows one read of the queue takes at most.
+const PAGE: u32 = 512;
+
 /// How a forwarder runs.
 #[derive(Debug, Clone)]
 pub struct ForwarderOptions {
@@ -81,7 +84,7 @@ impl ForwarderOptions {
     pub fn new(id: impl Into<String>) -> Self {
         ForwarderOptions {
             id: id.into(),
-            concurrency: 16,
+            concurrency: 32,
             idle_poll: Duration::from_millis(500),
             lease_margin: Duration::from_secs(5),
             backoff: Backoff {
@@ -213,35 +216,39 @@ impl Forwarder {
         let mut head = inner.ledger.store().subscribe();
         let mut tasks = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
-        let page = u32::try_from(inner.options.concurrency.saturating_mul(4)).unwrap_or(u32::MAX);
+        // Due rows in hand, waiting for a task: reading the queue costs more than one step, so
+        // a page serves many steps (each row is a different lane's first: they never wait on
+        // each other). A row taken here is in hand until its step ends.
+        let mut queue: VecDeque<ForwardRow> = VecDeque::new();
         loop {
-            let now = inner.clock.now();
-            let mut started = 0usize;
-            match self.due(now, page).await {
-                Ok(rows) => {
-                    for row in rows {
-                        let Ok(permit) = permits.clone().try_acquire_owned() else {
-                            break;
-                        };
-                        if !inner.take(&row.stream_id) {
-                            continue;
-                        }
-                        started += 1;
-                        let forwarder = self.clone();
-                        let finished = Arc::clone(&finished);
-                        tasks.spawn(async move {
-                            let stream = row.stream_id.clone();
-                            forwarder.step_row(&row).await;
-                            forwarder.inner.release(&stream);
-                            drop(permit);
-                            finished.notify_one();
-                        });
+            if queue.len() < inner.options.concurrency {
+                match self.due(inner.clock.now(), PAGE).await {
+                    Ok(rows) => queue.extend(rows.into_iter().filter(|r| inner.take(&r.stream_id))),
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read the forward queue; trying again");
                     }
                 }
-                Err(error) => tracing::warn!(%error, "cannot read the forward queue; trying again"),
+            }
+            let mut started = 0usize;
+            while !queue.is_empty() {
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    break;
+                };
+                let Some(row) = queue.pop_front() else {
+                    break;
+                };
+                started += 1;
+                let forwarder = self.clone();
+                let finished = Arc::clone(&finished);
+                tasks.spawn(async move {
+                    forwarder.step_row(&row).await;
+                    forwarder.inner.release(&row.stream_id);
+                    drop(permit);
+                    finished.notify_one();
+                });
             }
             while tasks.try_join_next().is_some() {}
-            if started > 0 {
+            if started > 0 && queue.is_empty() {
                 continue;
             }
             tokio::select! {
@@ -250,6 +257,9 @@ impl Forwarder {
                 () = finished.notified() => {}
                 () = tokio::time::sleep(inner.options.idle_poll) => {}
             }
+        }
+        for row in queue {
+            inner.release(&row.stream_id);
         }
         while tasks.join_next().await.is_some() {}
     }
