@@ -97,6 +97,9 @@ deliver 'not an update' >/dev/null
 # Let the worker try the calls and the read models catch up.
 sleep 4
 
+# One worker: with two threads, Hypothesis parses lambda sources concurrently and CPython 3.11's
+# `ast` can fail with "AST constructor recursion depth mismatch" (a runtime error of the tool,
+# seen in CI at 19,033 cases with 0 failures), which would fail the run for nothing.
 echo "schemathesis: $("$st" --version)"
 started=$(date +%s)
 set +e
@@ -107,7 +110,7 @@ set +e
   --max-time "$max_time" \
   --seed 20261101 \
   --generation-database none \
-  --workers 2 \
+  --workers 1 \
   --no-color \
   --report junit --report-dir "$work/report" 2>&1 | tee "$work/schemathesis.log"
 status=${PIPESTATUS[0]}
