@@ -5,6 +5,8 @@
 //! - **gateway**: the same to a bot with `[bots.forward]` to an instant upstream on loopback
 //!   (answers 200 at once): acks/s, updates/s the upstream received, and p50/p99 from the
 //!   sender's request to the upstream receiving the update;
+//! - **gateway, paced**: the same at a fixed rate below what the forwarder sustains
+//!   (`OPLEDGER_GATEWAY_RATE`, default 200/s): the latency Telegram → bot without a backlog;
 //! - **operations API**: 64 concurrent clients `POST /v1/operations` (distinct keys, an action
 //!   without an effector): requests/s, p50/p99.
 //!
@@ -177,6 +179,47 @@ async fn closed_loop(
     }
 }
 
+/// Requests sent at a fixed `rate` whatever the answers do (open loop), for `seconds`.
+async fn paced(
+    rate: f64,
+    seconds: u64,
+    request: impl Fn(&reqwest::Client, u64) -> reqwest::RequestBuilder + Send + Sync + 'static,
+) -> Sent {
+    let client = reqwest::Client::builder().build().expect("client");
+    let request = Arc::new(request);
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let started = Instant::now();
+    let total = (rate * seconds as f64) as u64;
+    let mut tasks = Vec::with_capacity(total as usize);
+    for n in 0..total {
+        tokio::time::sleep_until((started + interval.mul_f64(n as f64)).into()).await;
+        let (client, request) = (client.clone(), Arc::clone(&request));
+        tasks.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            match request(&client, n).send().await {
+                Ok(response) if response.status().is_success() => {
+                    let _ = response.bytes().await;
+                    Some((n, sent, sent.elapsed()))
+                }
+                _ => None,
+            }
+        }));
+    }
+    let mut requests = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        match task.await.expect("request") {
+            Some(request) => requests.push(request),
+            None => errors += 1,
+        }
+    }
+    Sent {
+        requests,
+        elapsed: started.elapsed(),
+        errors,
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     assert!(
         !sorted.is_empty(),
@@ -229,11 +272,19 @@ async fn intake_phase(backend: &'static str, url: &str, dir: &std::path::Path) -
     }
 }
 
-async fn gateway_phase(backend: &'static str, url: &str, dir: &std::path::Path) -> Row {
+async fn gateway_phase(
+    backend: &'static str,
+    url: &str,
+    dir: &std::path::Path,
+    rate: Option<f64>,
+) -> Row {
     let (seconds, senders) = knobs();
     let (upstream, arrivals) = upstream().await;
     let service = start(dir, url, Some(&upstream));
-    let sent = closed_loop(senders, seconds, webhook(&service.base), |s| s.is_success()).await;
+    let sent = match rate {
+        None => closed_loop(senders, seconds, webhook(&service.base), |s| s.is_success()).await,
+        Some(rate) => paced(rate, seconds, webhook(&service.base)).await,
+    };
     // Then wait for the forwarder to drain what was acknowledged.
     let drain = Instant::now();
     while arrivals.lock().expect("not poisoned").len() < sent.requests.len()
@@ -254,7 +305,11 @@ async fn gateway_phase(backend: &'static str, url: &str, dir: &std::path::Path) 
     to_bot.sort_unstable();
     Row {
         backend,
-        phase: "gateway to an instant upstream",
+        phase: if rate.is_some() {
+            "gateway, paced (OPLEDGER_GATEWAY_RATE/s)"
+        } else {
+            "gateway to an instant upstream"
+        },
         rate: acks.len() as f64 / sent.elapsed.as_secs_f64(),
         p50: percentile(&acks, 0.5),
         p99: percentile(&acks, 0.99),
@@ -373,14 +428,18 @@ async fn main() {
         if !backends.to_lowercase().contains(key) {
             continue;
         }
-        for phase in 0..3 {
+        for phase in 0..4 {
             let Some(scratch) = scratch(backend, phase).await else {
                 break;
             };
             eprintln!("{backend}: phase {phase}...");
             let row = match phase {
                 0 => intake_phase(backend, &scratch.url, scratch.dir.path()).await,
-                1 => gateway_phase(backend, &scratch.url, scratch.dir.path()).await,
+                1 => gateway_phase(backend, &scratch.url, scratch.dir.path(), None).await,
+                2 => {
+                    let rate = env_number("OPLEDGER_GATEWAY_RATE", 200) as f64;
+                    gateway_phase(backend, &scratch.url, scratch.dir.path(), Some(rate)).await
+                }
                 _ => operations_phase(backend, &scratch.url, scratch.dir.path()).await,
             };
             rows.push(row);
