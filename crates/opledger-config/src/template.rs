@@ -46,6 +46,10 @@ const URL_VALUE: &AsciiSet = &NON_ALPHANUMERIC
 /// Stands in for an operation id when a lookup URL is checked at load time.
 const SAMPLE_OPERATION_ID: &str = "00000000-0000-0000-0000-000000000000";
 
+/// The second stand-in, of the letters an id may hold where the first has digits: a lookup URL
+/// whose host differs between the two holds the id in its host.
+const LETTERS_OPERATION_ID: &str = "ffffffff-ffff-ffff-ffff-ffffffffffff";
+
 #[derive(Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
@@ -477,13 +481,37 @@ impl UrlTemplate {
         }
         let template = UrlTemplate { template };
         let sample = template
-            .template
-            .render_with(|_| Ok(SAMPLE_OPERATION_ID.to_owned()))
-            .map_err(|e| TemplateError::BadUrl {
-                problem: e.to_string(),
-            })?;
-        http_url(&sample).map_err(|problem| TemplateError::BadUrl { problem })?;
+            .filled_in(SAMPLE_OPERATION_ID)
+            .map_err(|problem| TemplateError::BadUrl { problem })?;
+        // An internationalised host name is checked as a whole (the bidi rule: no Latin letter
+        // in a label with right-to-left text), so an id in such a host would make it valid for
+        // some ids and not for others. A plain ASCII host is valid for every id.
+        let letters = template.filled_in(LETTERS_OPERATION_ID);
+        let id_in_host = letters
+            .as_ref()
+            .map_or(true, |url| url.host_str() != sample.host_str());
+        let idn = sample
+            .host_str()
+            .is_some_and(|host| host.split('.').any(|label| label.starts_with("xn--")));
+        if id_in_host && (idn || letters.is_err()) {
+            return Err(TemplateError::BadUrl {
+                problem: format!(
+                    "puts {{{OPERATION_ID}}} into a host name that only some operation ids keep \
+                     valid (an internationalised one); write the host in plain ASCII or move \
+                     {{{OPERATION_ID}}} into the path or query"
+                ),
+            });
+        }
         Ok(template)
+    }
+
+    /// The URL for `operation_id` as written, checked by [`http_url`].
+    fn filled_in(&self, operation_id: &str) -> Result<Url, String> {
+        let text = self
+            .template
+            .render_with(|_| Ok(operation_id.to_owned()))
+            .map_err(|e| e.to_string())?;
+        http_url(&text)
     }
 
     /// The template as written.
@@ -736,5 +764,35 @@ mod tests {
                 .to_string(),
             "must not contain a user name or password: secrets never go in the config file"
         );
+    }
+
+    #[test]
+    fn url_template_refuses_an_id_in_an_internationalised_host() {
+        // Found by the `template` fuzz target: with a right-to-left letter before the id the
+        // all-digit sample id made a valid host, but a real id (with a-f) breaks the bidi rule.
+        let idn = "puts {operation_id} into a host name that only some operation ids keep valid \
+                   (an internationalised one); write the host in plain ASCII or move \
+                   {operation_id} into the path or query";
+        for text in [
+            "http://\u{674}{operation_id}/x",
+            "http://a{operation_id}.xn--mgbh0fb.example/x",
+            "http://id-{operation_id}.b\u{fc}cher.example/x",
+        ] {
+            assert_eq!(
+                UrlTemplate::parse(text).map_err(|e| e.to_string()),
+                Err(idn.to_owned()),
+                "{text}"
+            );
+        }
+        // The id in a plain host, or anywhere but the host of an internationalised one, is fine.
+        for text in [
+            "http://{operation_id}.svc.example/x",
+            "http://b\u{fc}cher.example/by-reference/{operation_id}",
+            "http://\u{674}.example/{operation_id}?id={operation_id}",
+        ] {
+            let url = UrlTemplate::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            url.render("0b9f1f0e-8f43-5d3a-9a57-3b1c2a6f5e44")
+                .unwrap_or_else(|e| panic!("{text}: {e}"));
+        }
     }
 }
