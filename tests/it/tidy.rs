@@ -235,6 +235,7 @@ fn each_crate_depends_only_on_the_crates_below_it() {
         (AUDIT, &[LEDGER, STORE]),
         (SERVER, service),
         (WORKER, service),
+        ("opledger", &[CONFIG, PROJECTIONS, SERVER, STORE, WORKER]),
         (
             "opledger-cli",
             &[

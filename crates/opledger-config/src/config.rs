@@ -126,16 +126,17 @@ impl Config {
                     ),
                 ));
             }
-            if let Some(first) = actions
-                .iter()
-                .position(|a| a.bot == action.bot && a.command == action.command)
+            if let Some(command) = &action.command
+                && let Some(first) = actions
+                    .iter()
+                    .position(|a| a.bot == action.bot && a.command.as_ref() == Some(command))
             {
                 return Err(ConfigError::key_problem(
                     format!("actions[{i}].command"),
                     format!(
-                        "duplicate command `/{}` for bot `{}` (also actions[{first}], action `{}`); \
-                         give each action of a bot its own command",
-                        action.command, action.bot, actions[first].name
+                        "duplicate command `/{command}` for bot `{}` (also actions[{first}], action \
+                         `{}`); give each action of a bot its own command",
+                        action.bot, actions[first].name
                     ),
                 ));
             }
@@ -163,7 +164,7 @@ impl Config {
         let url_passwords: Vec<SecretString> = self
             .actions
             .iter()
-            .filter_map(|action| action.effector.as_ref()?.url.password())
+            .filter_map(|action| action.effector.as_ref()?.url.as_ref()?.password())
             .map(SecretString::from)
             .collect();
         Redactor::new(
@@ -193,7 +194,7 @@ impl Config {
     pub fn action_for_command(&self, bot: &str, command: &str) -> Option<&ActionConfig> {
         self.actions
             .iter()
-            .find(|a| a.bot == bot && a.command == command)
+            .find(|a| a.bot == bot && a.command.as_deref() == Some(command))
     }
 }
 
@@ -829,8 +830,9 @@ pub struct ActionConfig {
     pub name: String,
     /// The bot whose command starts it.
     pub bot: String,
-    /// The command without its slash: `[a-z0-9_]`, 1 to 32 characters, unique per bot.
-    pub command: String,
+    /// The command without its slash: `[a-z0-9_]`, 1 to 32 characters, unique per bot. `None`:
+    /// no command starts it; only the operations API, a button or an embedding program does.
+    pub command: Option<String>,
     /// The command's positional arguments' names, in order.
     pub params: Vec<String>,
     /// The business key: requests with the same key are one operation.
@@ -933,12 +935,16 @@ impl ActionConfig {
             ));
         }
 
-        let command = required(
-            &key("command"),
-            raw.command,
-            "write the command without its slash, e.g. \"coupon\"",
-        )?;
-        check_command(&command).map_err(|p| ConfigError::key_problem(key("command"), p))?;
+        if let Some(command) = &raw.command {
+            check_command(command).map_err(|p| ConfigError::key_problem(key("command"), p))?;
+        } else if raw.confirm.is_some() {
+            return Err(ConfigError::key_problem(
+                key("confirm"),
+                "needs a command: the confirmation answers the action's command; add `command` \
+                 (without its slash, e.g. \"coupon\") or issue buttons with POST /v1/buttons",
+            ));
+        }
+        let command = raw.command;
 
         let mut params: Vec<String> = Vec::with_capacity(raw.params.len());
         for (j, param) in raw.params.into_iter().enumerate() {
@@ -1049,11 +1055,13 @@ fn check_command(command: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The HTTP call an action makes, and how its unknown outcomes are resolved.
+/// The call an action makes, and how its unknown outcomes are resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EffectorConfig {
-    /// Where the JSON POST goes (http or https).
-    pub url: Url,
+    /// Where the JSON POST goes (http or https); `None` with `in_process = true`: the effect is
+    /// a function of the Rust program that embeds opledger, which registers it with the worker
+    /// (and says itself whether it honours the key, has a lookup and how long it may take).
+    pub url: Option<Url>,
     /// How long one call may take; default 2 s, from 1 ms to 5 min.
     pub timeout: Duration,
     /// Whether the service honours `Idempotency-Key`, which makes a retry after an unknown
@@ -1069,13 +1077,36 @@ pub struct EffectorConfig {
 impl EffectorConfig {
     fn from_raw(i: usize, raw: RawEffector) -> Result<Self, ConfigError> {
         let key = |field: &str| format!("actions[{i}].effector.{field}");
-        let url_text = required(
-            &key("url"),
-            raw.url,
-            "write the URL the action POSTs to, e.g. \"http://127.0.0.1:9000/coupons\"",
-        )?;
-        let url =
-            http_url(&url_text).map_err(|problem| ConfigError::key_problem(key("url"), problem))?;
+        let url = if raw.in_process == Some(true) {
+            let said_by_the_effector = [
+                ("url", raw.url.is_some()),
+                ("timeout_ms", raw.timeout_ms.is_some()),
+                (
+                    "honours_idempotency_key",
+                    raw.honours_idempotency_key.is_some(),
+                ),
+                ("lookup_url", raw.lookup_url.is_some()),
+            ];
+            if let Some((field, _)) = said_by_the_effector.iter().find(|(_, given)| *given) {
+                return Err(ConfigError::key_problem(
+                    key(field),
+                    "cannot be combined with in_process = true: an in-process effector says \
+                     itself how it is called (the `Effector` trait); remove the key",
+                ));
+            }
+            None
+        } else {
+            let url_text = required(
+                &key("url"),
+                raw.url,
+                "write the URL the action POSTs to, e.g. \"http://127.0.0.1:9000/coupons\" (or \
+                 in_process = true in a Rust program that embeds opledger)",
+            )?;
+            Some(
+                http_url(&url_text)
+                    .map_err(|problem| ConfigError::key_problem(key("url"), problem))?,
+            )
+        };
         let timeout_ms = in_range(
             &key("timeout_ms"),
             raw.timeout_ms,

@@ -1,6 +1,7 @@
-//! `[bots.forward]`: the gateway to a bot's own webhook (ADR 0012). opledger records and
-//! dedups each update, answers Telegram, then forwards the exact bytes to `url` until the bot
-//! answers 2xx.
+//! `[bots.forward]`: the gateway to a bot's own webhook (ADR 0012), or the hand-over to the
+//! handlers of a Rust program that embeds opledger (ADR 0013). opledger records and dedups each
+//! update, answers Telegram, then forwards the exact bytes to `url` until the bot answers 2xx
+//! (or hands them to the in-process handlers until they are done with them).
 
 use std::time::Duration;
 
@@ -26,11 +27,22 @@ pub enum ForwardUpdates {
     Unhandled,
 }
 
-/// A bot's gateway: where its own webhook is and how to call it.
+/// Where forwarded updates go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForwardTarget {
+    /// The bot's own webhook (`url`, http or https): a POST of the exact bytes, until it
+    /// answers 2xx.
+    Webhook(Url),
+    /// The handlers of the Rust program that embeds opledger (`in_process = true`): the exact
+    /// bytes through the hand-over that program registers, until its handlers are done.
+    InProcess,
+}
+
+/// A bot's gateway: where its updates go and how.
 #[derive(Debug, Clone)]
 pub struct ForwardConfig {
-    /// The bot's webhook (http or https).
-    pub url: Url,
+    /// The bot's webhook, or the embedding program's handlers.
+    pub target: ForwardTarget,
     /// The environment variable the secret was read from.
     pub secret_env: Option<String>,
     /// Sent as `X-Telegram-Bot-Api-Secret-Token`, so an unchanged bot keeps checking it.
@@ -51,14 +63,26 @@ impl ForwardConfig {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
         let key = |field: &str| format!("bots[{bot}].forward.{field}");
-        let Some(text) = raw.url else {
-            return Err(ConfigError::key_problem(
-                key("url"),
-                "is required: the bot's own webhook, e.g. \"http://127.0.0.1:8081/webhook\"",
-            ));
+        let target = match (raw.url, raw.in_process) {
+            (Some(_), Some(true)) => {
+                return Err(ConfigError::key_problem(
+                    key("in_process"),
+                    "cannot be combined with url: updates go either to the bot's webhook or to \
+                     the handlers of the program that embeds opledger; remove one of the two",
+                ));
+            }
+            (Some(text), _) => ForwardTarget::Webhook(
+                http_url(&text).map_err(|problem| ConfigError::key_problem(key("url"), problem))?,
+            ),
+            (None, Some(true)) => ForwardTarget::InProcess,
+            (None, _) => {
+                return Err(ConfigError::key_problem(
+                    key("url"),
+                    "is required: the bot's own webhook, e.g. \"http://127.0.0.1:8081/webhook\" \
+                     (or `in_process = true` in a Rust program that embeds opledger)",
+                ));
+            }
         };
-        let url =
-            http_url(&text).map_err(|problem| ConfigError::key_problem(key("url"), problem))?;
         let (secret_env, secret) = match raw.secret_env {
             None => (None, None),
             Some(var) => {
@@ -91,7 +115,7 @@ impl ForwardConfig {
             " seconds (Telegram itself gives up after 86400)",
         )?;
         Ok(ForwardConfig {
-            url,
+            target,
             secret_env,
             secret,
             updates,

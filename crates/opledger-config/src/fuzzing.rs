@@ -78,20 +78,23 @@ pub fn config(data: &[u8]) {
             "{} names a bot",
             action.name
         );
-        assert_eq!(
-            config
-                .action_for_command(&action.bot, &action.command)
-                .map(|a| &a.name),
-            Some(&action.name),
-            "one action per command and bot"
-        );
-        assert!(!RESERVED_COMMANDS.contains(&action.command.as_str()));
-        assert!(
-            action
-                .command
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        );
+        if let Some(command) = &action.command {
+            assert_eq!(
+                config
+                    .action_for_command(&action.bot, command)
+                    .map(|a| &a.name),
+                Some(&action.name),
+                "one action per command and bot"
+            );
+            assert!(!RESERVED_COMMANDS.contains(&command.as_str()));
+            assert!(
+                command
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            );
+        } else {
+            assert!(action.confirm.is_none(), "a confirmation needs a command");
+        }
         let mut placeholders = action.key.placeholders().peekable();
         assert!(placeholders.peek().is_some(), "a key has a placeholder");
         for name in placeholders {

@@ -31,7 +31,7 @@ pub use config::{
     RESERVED_COMMANDS, ReplyConfig, ServerConfig, StorageBackend, StorageConfig, StorageUrl,
 };
 pub use error::{ConfigError, RenderError, TemplateError};
-pub use forward::{ForwardConfig, ForwardUpdates};
+pub use forward::{ForwardConfig, ForwardTarget, ForwardUpdates};
 pub use secrecy::{ExposeSecret, SecretString};
 pub use template::{
     ConfirmTemplate, KeyTemplate, ReplyKind, ReplyPlaceholder, ReplyTemplate, Template, UrlTemplate,

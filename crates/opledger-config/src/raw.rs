@@ -73,6 +73,7 @@ pub(crate) struct RawBot {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawForward {
     pub(crate) url: Option<String>,
+    pub(crate) in_process: Option<bool>,
     pub(crate) secret_env: Option<String>,
     pub(crate) updates: Option<String>,
     pub(crate) timeout_ms: Option<i64>,
@@ -99,6 +100,7 @@ pub(crate) struct RawAction {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawEffector {
     pub(crate) url: Option<String>,
+    pub(crate) in_process: Option<bool>,
     pub(crate) timeout_ms: Option<i64>,
     pub(crate) honours_idempotency_key: Option<bool>,
     pub(crate) lookup_url: Option<String>,
@@ -126,14 +128,17 @@ fn known_keys(table: &[&str]) -> &'static str {
         ["api", "clients"] => "name, bot, token_env",
         ["bots"] => {
             "name, token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, \
-             max_connections"
+             max_connections, forward"
+        }
+        ["bots", "forward"] => {
+            "url, in_process, secret_env, updates, timeout_ms, give_up_after_secs"
         }
         ["actions"] => {
             "name, bot, command, params, key, repeat_window_secs, confirm, confirm_expiry_secs, \
              effector, reply"
         }
         ["actions", "effector"] => {
-            "url, timeout_ms, honours_idempotency_key, lookup_url, max_attempts"
+            "url, in_process, timeout_ms, honours_idempotency_key, lookup_url, max_attempts"
         }
         ["actions", "reply"] => "confirmed, failed",
         _ => "see docs/config.md",

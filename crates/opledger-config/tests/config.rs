@@ -300,7 +300,7 @@ fn unknown_key_in_a_bot() {
         )),
         "config key `bots[1].tokn_env`: unknown key; check its spelling (keys allowed here: \
          name, token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, \
-         max_connections)"
+         max_connections, forward)"
     );
 }
 
@@ -313,7 +313,7 @@ fn a_secret_written_in_the_file_is_an_unknown_key_and_is_not_echoed() {
         message,
         "config key `bots[0].token`: unknown key; secrets never go in the config file: name the \
          environment variable that holds it with `token_env` (keys allowed here: name, \
-         token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, max_connections)"
+         token_env, webhook_secret_env, api_base_url, mode, poll_timeout_secs, max_connections, forward)"
     );
 }
 
@@ -369,7 +369,7 @@ fn unknown_key_in_an_effector() {
             "{BOT}{ACTION}[actions.effector]\nurl = \"http://127.0.0.1:9000/c\"\nretries = 3\n"
         )),
         "config key `actions[0].effector.retries`: unknown key; check its spelling (keys \
-         allowed here: url, timeout_ms, honours_idempotency_key, lookup_url, max_attempts)"
+         allowed here: url, in_process, timeout_ms, honours_idempotency_key, lookup_url, max_attempts)"
     );
 }
 
@@ -778,7 +778,8 @@ fn other_values_out_of_range_or_malformed() {
             "{BOT}{ACTION}[actions.effector]\nmax_attempts = 0\n"
         )),
         "config key `actions[0].effector.url`: is required; write the URL the action POSTs to, \
-         e.g. \"http://127.0.0.1:9000/coupons\""
+         e.g. \"http://127.0.0.1:9000/coupons\" (or in_process = true in a Rust program that embeds \
+         opledger)"
     );
 }
 
@@ -880,7 +881,7 @@ fn urls_the_parser_would_reinterpret_are_refused() {
         ))
         .unwrap_or_else(|e| panic!("{url}: {e}"));
         let effector = config.actions[0].effector.as_ref().unwrap();
-        assert!(effector.url.host().is_some(), "{url}");
+        assert!(effector.url.as_ref().unwrap().host().is_some(), "{url}");
     }
 }
 
@@ -1012,7 +1013,10 @@ fn a_gateway_is_read_with_its_defaults() {
     ))
     .unwrap();
     let forward = config.bots[0].forward.as_ref().expect("a gateway");
-    assert_eq!(forward.url.as_str(), "http://127.0.0.1:8081/webhook");
+    assert_eq!(
+        forward.target,
+        opledger_config::ForwardTarget::Webhook("http://127.0.0.1:8081/webhook".parse().unwrap())
+    );
     assert_eq!(forward.updates, opledger_config::ForwardUpdates::Unhandled);
     assert_eq!(forward.timeout, Duration::from_secs(10));
     assert_eq!(forward.give_up_after, Duration::from_secs(86_400));
@@ -1036,6 +1040,17 @@ fn a_gateway_is_read_with_its_defaults() {
 fn a_bad_gateway_names_its_key() {
     for (keys, key, words) in [
         ("", "bots[0].forward.url", "is required"),
+        (
+            "in_process = false\n",
+            "bots[0].forward.url",
+            "in_process = true",
+        ),
+        (
+            "url = \"http://127.0.0.1/x\"\nin_process = true\n",
+            "bots[0].forward.in_process",
+            "cannot be combined with url",
+        ),
+        ("in_process = \"yes\"\n", "bots[0].forward.in_process", ""),
         ("url = \"ftp://x/y\"\n", "bots[0].forward.url", ""),
         (
             "url = \"http://user:pw@127.0.0.1/x\"\n",
@@ -1076,6 +1091,72 @@ fn a_bad_gateway_names_its_key() {
         assert!(
             !error.contains("has spaces and !"),
             "never the secret: {error}"
+        );
+    }
+}
+
+#[test]
+fn an_embedding_program_s_handlers_can_take_a_bot_s_updates() {
+    let config = parse(&format!(
+        "{BOT}[bots.forward]\nin_process = true\nupdates = \"all\"\ntimeout_ms = 30000\n"
+    ))
+    .unwrap();
+    let forward = config.bots[0].forward.as_ref().expect("a hand-over");
+    assert_eq!(forward.target, opledger_config::ForwardTarget::InProcess);
+    assert_eq!(forward.updates, opledger_config::ForwardUpdates::All);
+    assert_eq!(forward.timeout, Duration::from_secs(30));
+}
+
+#[test]
+fn an_action_without_a_command_is_started_only_by_a_program() {
+    let config = parse(&format!(
+        "{BOT}[[actions]]\nname = \"coupon\"\nbot = \"shop\"\nparams = [\"campaign\"]\n\
+         key = \"{{user_id}}:{{campaign}}\"\n\
+         [[actions]]\nname = \"refund\"\nbot = \"shop\"\nkey = \"{{user_id}}\"\n"
+    ))
+    .unwrap();
+    assert_eq!(config.actions[0].command, None);
+    assert_eq!(config.actions[1].command, None, "two actions without one");
+    assert!(config.action_for_command("shop", "coupon").is_none());
+    assert_eq!(
+        error(&format!(
+            "{BOT}[[actions]]\nname = \"coupon\"\nbot = \"shop\"\nkey = \"{{user_id}}\"\n\
+             confirm = \"Sure?\"\n"
+        )),
+        "config key `actions[0].confirm`: needs a command: the confirmation answers the action's \
+         command; add `command` (without its slash, e.g. \"coupon\") or issue buttons with POST \
+         /v1/buttons"
+    );
+}
+
+#[test]
+fn an_in_process_effector_says_itself_how_it_is_called() {
+    let config = parse(&format!(
+        "{BOT}{ACTION}[actions.effector]\nin_process = true\nmax_attempts = 4\n"
+    ))
+    .unwrap();
+    let effector = config.actions[0].effector.as_ref().unwrap();
+    assert_eq!(effector.url, None);
+    assert_eq!(effector.max_attempts, 4);
+    for (key, line) in [
+        ("url", "url = \"http://127.0.0.1:9000/c\""),
+        ("timeout_ms", "timeout_ms = 100"),
+        ("honours_idempotency_key", "honours_idempotency_key = true"),
+        (
+            "lookup_url",
+            "lookup_url = \"http://127.0.0.1:9000/c/{operation_id}\"",
+        ),
+    ] {
+        let message = error(&format!(
+            "{BOT}{ACTION}[actions.effector]\nin_process = true\n{line}\n"
+        ));
+        assert_eq!(
+            message,
+            format!(
+                "config key `actions[0].effector.{key}`: cannot be combined with in_process = \
+                 true: an in-process effector says itself how it is called (the `Effector` \
+                 trait); remove the key"
+            )
         );
     }
 }

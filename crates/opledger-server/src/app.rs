@@ -193,6 +193,22 @@ impl App {
             .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
     }
 
+    /// Starts long polling for the bots in poll mode, until `stop` holds `true`; each batch's
+    /// offset is confirmed only once its updates are committed. [`App::run`] does this itself;
+    /// a program that mounts [`App::router`] into its own server calls it, and awaits the
+    /// handles after setting `stop`.
+    pub fn spawn_pollers(&self, stop: watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut pollers = Vec::new();
+        let redactor = self.config.redactor();
+        for bot in self.config.bots.iter().filter(|b| b.mode == BotMode::Poll) {
+            match poll::Poller::new(bot, &redactor, self.state.clone()) {
+                Ok(poller) => pollers.push(tokio::spawn(poller.run(stop.clone()))),
+                Err(error) => tracing::error!(bot = %bot.name, %error, "cannot poll this bot"),
+            }
+        }
+        pollers
+    }
+
     /// Serves on `listener` (through the edge's limits and timeouts, see `edge`) and polls the
     /// bots in poll mode until `shutdown` resolves; then stops accepting, closes idle
     /// connections, answers 503 to requests that still arrive, lets in-flight requests and
@@ -205,14 +221,7 @@ impl App {
     ) -> std::io::Result<()> {
         let grace = self.config.server.shutdown_grace;
         let (stop, stopped) = watch::channel(false);
-        let mut pollers = Vec::new();
-        let redactor = self.config.redactor();
-        for bot in self.config.bots.iter().filter(|b| b.mode == BotMode::Poll) {
-            match poll::Poller::new(bot, &redactor, self.state.clone()) {
-                Ok(poller) => pollers.push(tokio::spawn(poller.run(stopped.clone()))),
-                Err(error) => tracing::error!(bot = %bot.name, %error, "cannot poll this bot"),
-            }
-        }
+        let pollers = self.spawn_pollers(stopped);
         let signalled = Arc::new(Notify::new());
         let state = self.state.clone();
         let on_signal = {

@@ -111,8 +111,13 @@ pub async fn answer(
         Route::Cancelled => CANCELLED.to_owned(),
         Route::Help => help(actions),
         Route::Usage { action } => match actions.iter().find(|a| a.name == *action) {
-            Some(action) => format!("Usage: {}", usage(action)),
-            None => return Ok(None),
+            Some(
+                action @ ActionConfig {
+                    command: Some(command),
+                    ..
+                },
+            ) => format!("Usage: {}", usage(command, action)),
+            _ => return Ok(None),
         },
         Route::Status { operation_id } => {
             wait_for_status(store, *position, freshness).await;
@@ -156,20 +161,23 @@ pub fn callback_to_answer(receipt: &Receipt) -> Option<&str> {
     }
 }
 
-/// `/help`: the bot's commands, from configuration.
+/// `/help`: the bot's commands, from configuration (actions without a command are not listed).
 pub fn help(actions: &[&ActionConfig]) -> String {
     let mut lines = vec!["Commands:".to_owned()];
-    let mut sorted: Vec<_> = actions.to_vec();
-    sorted.sort_by(|a, b| a.command.cmp(&b.command));
-    lines.extend(sorted.iter().map(|a| usage(a)));
+    let mut sorted: Vec<(&str, &ActionConfig)> = actions
+        .iter()
+        .filter_map(|a| Some((a.command.as_deref()?, *a)))
+        .collect();
+    sorted.sort_by_key(|(command, _)| *command);
+    lines.extend(sorted.iter().map(|(command, a)| usage(command, a)));
     lines.push("/status: your recent requests (or /status <id> for one)".to_owned());
     lines.push("/help: this list".to_owned());
     lines.join("\n")
 }
 
 /// `/coupon <campaign>`.
-fn usage(action: &ActionConfig) -> String {
-    let mut usage = format!("/{}", action.command);
+fn usage(command: &str, action: &ActionConfig) -> String {
+    let mut usage = format!("/{command}");
     for param in &action.params {
         usage.push_str(&format!(" <{param}>"));
     }

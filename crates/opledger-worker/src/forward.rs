@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use opledger_config::{Config, ForwardConfig};
+use futures_util::future::BoxFuture;
+use opledger_config::{Config, ForwardConfig, ForwardTarget};
 use opledger_domain::delivery::{AnswerStart, ForwardCommand, raw_attachment};
 use opledger_domain::text::Redactor;
 use opledger_domain::{
@@ -65,6 +66,33 @@ const ANSWER_LIMIT: usize = 1 << 20;
 const PAGE: u32 = 512;
 
 /// How a forwarder runs.
+/// An update handed to the in-process handlers of a program that embeds opledger (a bot whose
+/// `[bots.forward]` says `in_process = true`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandedUpdate {
+    /// The bot it was sent to.
+    pub bot: String,
+    /// Telegram's `update_id`.
+    pub update_id: i64,
+    /// 1 the first time; more when an earlier hand-over failed, timed out or was cut short by
+    /// the end of the process.
+    pub attempt: u32,
+    /// The exact bytes Telegram sent.
+    pub body: Vec<u8>,
+}
+
+/// Where the forwarder hands the updates of in-process bots: the embedding program's handlers.
+///
+/// The same contract as a bot's webhook: `Ok` (the handlers are done with the update) is
+/// recorded as `UpdateForwarded` and the update is never handed over again; `Err`, a panic of
+/// the future, or no answer within the bot's `timeout_ms` is a failed attempt, handed over
+/// again later (with a higher `attempt`), as is an update whose process died before the
+/// answer was recorded.
+pub trait Handover: Send + Sync + std::fmt::Debug {
+    /// Hands `update` to the handlers and resolves once they are done with it.
+    fn hand_over(&self, update: HandedUpdate) -> BoxFuture<'_, Result<(), String>>;
+}
+
 #[derive(Debug, Clone)]
 pub struct ForwarderOptions {
     /// This forwarder's id, recorded in its attempts: unique among those sharing a ledger.
@@ -77,6 +105,9 @@ pub struct ForwarderOptions {
     pub lease_margin: Duration,
     /// The delay before a failed attempt is tried again.
     pub backoff: Backoff,
+    /// The handlers of the bots whose updates go to this program (`in_process = true`); the
+    /// forwarder refuses to start without them when such a bot is configured.
+    pub handover: Option<Arc<dyn Handover>>,
 }
 
 impl ForwarderOptions {
@@ -91,6 +122,7 @@ impl ForwarderOptions {
                 base: Duration::from_millis(250),
                 cap: Duration::from_secs(5),
             },
+            handover: None,
         }
     }
 }
@@ -108,6 +140,13 @@ pub enum ForwarderError {
     },
     #[error("the forwarder's concurrency must be at least 1")]
     NoConcurrency,
+    /// A bot hands its updates to in-process handlers, and this program has none.
+    #[error(
+        "bot `{0}` hands its updates to in-process handlers ([bots.forward] in_process = true), \
+         which only a Rust program embedding opledger has; give the bot's webhook as \
+         [bots.forward] url instead"
+    )]
+    NoHandover(String),
 }
 
 /// One bot's gateway.
@@ -115,6 +154,15 @@ pub enum ForwarderError {
 struct Gateway {
     config: ForwardConfig,
     api: BotApi,
+    target: Target,
+}
+
+/// Where one bot's updates go.
+#[derive(Debug)]
+enum Target {
+    Webhook(reqwest::Url),
+    /// The embedding program's handlers.
+    Handlers(Arc<dyn Handover>),
 }
 
 /// Forwards updates to the bots' own webhooks; see the module documentation.
@@ -181,11 +229,21 @@ impl Forwarder {
                 })?
                 .with_request_timeout(Duration::from_secs(10))
                 .redacting(&redactor);
+            let target = match &forward.target {
+                ForwardTarget::Webhook(url) => Target::Webhook(url.clone()),
+                ForwardTarget::InProcess => Target::Handlers(
+                    options
+                        .handover
+                        .clone()
+                        .ok_or_else(|| ForwarderError::NoHandover(bot.name.clone()))?,
+                ),
+            };
             gateways.insert(
                 bot.name.clone(),
                 Gateway {
                     config: forward.clone(),
                     api,
+                    target,
                 },
             );
         }
@@ -343,7 +401,18 @@ impl Forwarder {
         let body = self.raw_body(&stream, delivery.epoch).await?;
         let began = Instant::now();
         let answer = match body {
-            Some(body) => self.post(gateway, row.update_id, attempt, body).await,
+            Some(body) => match &gateway.target {
+                Target::Webhook(url) => self.post(gateway, url, row.update_id, attempt, body).await,
+                Target::Handlers(handover) => {
+                    let update = HandedUpdate {
+                        bot: row.bot.clone(),
+                        update_id: row.update_id,
+                        attempt,
+                        body,
+                    };
+                    self.hand_over(gateway, handover.as_ref(), update).await
+                }
+            },
             None => Err(AttemptError {
                 status: None,
                 error: "the update's raw body is gone from the ledger's attachments (restored \
@@ -416,6 +485,7 @@ impl Forwarder {
     async fn post(
         &self,
         gateway: &Gateway,
+        url: &reqwest::Url,
         update_id: i64,
         attempt: u32,
         body: Vec<u8>,
@@ -423,7 +493,7 @@ impl Forwarder {
         let mut request = self
             .inner
             .http
-            .post(gateway.config.url.clone())
+            .post(url.clone())
             .timeout(gateway.config.timeout)
             .header(CONTENT_TYPE, "application/json")
             .header(UPDATE_ID_HEADER, update_id.to_string())
@@ -463,6 +533,37 @@ impl Forwarder {
             _ => None,
         };
         Ok((status.as_u16(), call))
+    }
+
+    /// One hand-over to the embedding program's handlers: done (as if the bot had answered
+    /// 200, with no method call), or why not.
+    async fn hand_over(
+        &self,
+        gateway: &Gateway,
+        handover: &dyn Handover,
+        update: HandedUpdate,
+    ) -> Result<(u16, Option<AnswerCall>), AttemptError> {
+        let timeout = gateway.config.timeout;
+        let handed = std::panic::AssertUnwindSafe(handover.hand_over(update));
+        match tokio::time::timeout(timeout, futures_util::FutureExt::catch_unwind(handed)).await {
+            Ok(Ok(Ok(()))) => Ok((200, None)),
+            Ok(Ok(Err(error))) => Err(AttemptError {
+                status: None,
+                error: self.inner.redactor.kept_string(error),
+            }),
+            Ok(Err(_panic)) => Err(AttemptError {
+                status: None,
+                error: "the in-process handlers panicked".to_owned(),
+            }),
+            Err(_elapsed) => Err(AttemptError {
+                status: None,
+                error: format!(
+                    "the in-process handlers did not finish within {} ms ([bots.forward] \
+                     timeout_ms)",
+                    timeout.as_millis()
+                ),
+            }),
+        }
     }
 
     /// A transport error in words: its kind and its causes, never the URL, secrets out.

@@ -50,12 +50,17 @@ impl HttpEffector {
             .map_err(ClientError)
     }
 
-    /// The effector of one action's configuration; `result_fields` are the top-level answer
-    /// fields to keep in `Confirmed`.
-    pub fn new(http: reqwest::Client, config: &EffectorConfig, result_fields: Vec<String>) -> Self {
+    /// The effector of one action's configuration, calling `url` (the configuration's);
+    /// `result_fields` are the top-level answer fields to keep in `Confirmed`.
+    pub fn new(
+        http: reqwest::Client,
+        url: reqwest::Url,
+        config: &EffectorConfig,
+        result_fields: Vec<String>,
+    ) -> Self {
         HttpEffector {
             http,
-            url: config.url.clone(),
+            url,
             lookup_url: config.lookup_url.clone(),
             timeout: config.timeout,
             honours_key: config.honours_idempotency_key,

@@ -40,6 +40,6 @@ pub mod worker;
 
 pub use backoff::Backoff;
 pub use effector::{CallOutcome, EffectRequest, Effector, LookupOutcome, NoEffect, Success};
-pub use forward::{Forwarder, ForwarderError, ForwarderOptions};
+pub use forward::{Forwarder, ForwarderError, ForwarderOptions, HandedUpdate, Handover};
 pub use http::{HttpEffector, IDEMPOTENCY_KEY};
 pub use worker::{Worker, WorkerError, WorkerOptions};

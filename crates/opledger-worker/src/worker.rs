@@ -51,6 +51,9 @@ pub struct WorkerOptions {
     pub replies: bool,
     /// The least time between two replies to one chat (Telegram allows about one per second).
     pub reply_interval: Duration,
+    /// The in-process effectors of a program that embeds opledger, by action name: required
+    /// for every action whose `[actions.effector]` says `in_process = true`.
+    pub effectors: HashMap<String, Arc<dyn Effector>>,
 }
 
 impl WorkerOptions {
@@ -64,6 +67,7 @@ impl WorkerOptions {
             backoff: Backoff::default(),
             replies: true,
             reply_interval: Duration::from_secs(1),
+            effectors: HashMap::new(),
         }
     }
 }
@@ -83,6 +87,12 @@ pub enum WorkerError {
     UnknownAction(String),
     #[error("the worker's concurrency must be at least 1")]
     NoConcurrency,
+    #[error(
+        "action `{0}` runs an in-process effect ([actions.effector] in_process = true), which \
+         only a Rust program embedding opledger has, and none was given; register it with the \
+         worker (`WorkerOptions::effectors`) or give the action an effector url"
+    )]
+    NoEffector(String),
     #[error("cannot read the due operations: {0}")]
     Read(#[from] operation_status::ReadError),
 }
@@ -125,11 +135,19 @@ impl Worker {
         let mut actions = HashMap::new();
         for action in &config.actions {
             let effector: Arc<dyn Effector> = match &action.effector {
-                Some(effector) => Arc::new(HttpEffector::new(
-                    http.clone(),
-                    effector,
-                    result_fields(action),
-                )),
+                Some(effector) => match &effector.url {
+                    Some(url) => Arc::new(HttpEffector::new(
+                        http.clone(),
+                        url.clone(),
+                        effector,
+                        result_fields(action),
+                    )),
+                    None => options
+                        .effectors
+                        .get(&action.name)
+                        .cloned()
+                        .ok_or_else(|| WorkerError::NoEffector(action.name.clone()))?,
+                },
                 None => Arc::new(NoEffect),
             };
             actions.insert(

@@ -277,7 +277,11 @@ impl Sim {
             .iter()
             .map(|action| {
                 let effector = action.effector.as_ref().expect("every action calls out");
-                let effector = HttpEffector::new(http.clone(), effector, Vec::new());
+                let url = effector
+                    .url
+                    .clone()
+                    .expect("every action calls out over HTTP");
+                let effector = HttpEffector::new(http.clone(), url, effector, Vec::new());
                 (action.name.clone(), effector)
             })
             .collect();

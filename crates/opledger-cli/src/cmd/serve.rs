@@ -76,10 +76,12 @@ pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Resu
                 bot.name, bot.api_base_url
             )),
         }
-        if let Some(forward) = &bot.forward {
+        if let Some(forward) = &bot.forward
+            && let opledger_config::ForwardTarget::Webhook(url) = &forward.target
+        {
             say(format_args!(
-                "bot {}: gateway forwarding to {}",
-                bot.name, forward.url
+                "bot {}: gateway forwarding to {url}",
+                bot.name
             ));
         }
     }

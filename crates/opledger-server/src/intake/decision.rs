@@ -178,7 +178,7 @@ impl Rules {
                 let commands = actions
                     .values()
                     .filter(|a| a.bot == bot.name)
-                    .map(|a| (a.command.clone(), a.clone()))
+                    .filter_map(|a| Some((a.command.clone()?, a.clone())))
                     .collect();
                 (bot.name.clone(), commands)
             })
