@@ -82,6 +82,28 @@ async fn a_bad_configuration_stops_serve_with_code_2_and_one_line_naming_the_key
             needles: &["config key `actions[0].key`", "unclosed `{`"],
         },
         BadConfig {
+            case: "in-process handlers",
+            text: format!("{BOT}[bots.forward]\nin_process = true\n"),
+            env: &both,
+            needles: &[
+                "config key `bots[0].forward.in_process`",
+                "embeds opledger",
+                "[bots.forward] url",
+            ],
+        },
+        BadConfig {
+            case: "in-process effect",
+            text: format!(
+                "{BOT}{}",
+                COUPON.replace("url = \"http://127.0.0.1:9/coupons\"", "in_process = true")
+            ),
+            env: &both,
+            needles: &[
+                "config key `actions[0].effector.in_process`",
+                "[actions.effector] url",
+            ],
+        },
+        BadConfig {
             case: "duplicate command",
             text: format!("{BOT}{COUPON}{duplicate}"),
             env: &both,

@@ -107,6 +107,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         _ => settings::load(cli.config.as_deref())?,
     };
     let url = settings::database_url(cli.database_url.as_deref(), &config);
+    if matches!(cli.command, Command::Serve(_) | Command::Worker(_)) {
+        settings::runnable_here(&config)?;
+    }
     match cli.command {
         Command::Serve(serve) => cmd::serve::run(serve, config, &url).await,
         Command::Worker(args) => cmd::worker::run(args, config, &url).await,

@@ -20,6 +20,11 @@ pub(crate) enum BadConfig {
         #[source]
         source: opledger_config::ConfigError,
     },
+    #[error(
+        "config key `{key}`: in_process is for a Rust program that embeds opledger (the \
+         `opledger` crate), which `opledger serve` and `opledger worker` are not; give {instead}"
+    )]
+    InProcess { key: String, instead: &'static str },
 }
 
 /// Reads and validates the configuration file, taking secrets from the environment variables
@@ -36,6 +41,33 @@ pub(crate) fn load(path: Option<&Path>) -> Result<Config, BadConfig> {
         path: path.to_owned(),
         source,
     })
+}
+
+/// Refuses a configuration whose bots or effects live in an embedding program (`in_process`),
+/// before `serve` or `worker` opens the ledger.
+pub(crate) fn runnable_here(config: &Config) -> Result<(), BadConfig> {
+    use opledger_config::ForwardTarget;
+    for (i, bot) in config.bots.iter().enumerate() {
+        if bot
+            .forward
+            .as_ref()
+            .is_some_and(|forward| forward.target == ForwardTarget::InProcess)
+        {
+            return Err(BadConfig::InProcess {
+                key: format!("bots[{i}].forward.in_process"),
+                instead: "the bot's own webhook as [bots.forward] url",
+            });
+        }
+    }
+    for (i, action) in config.actions.iter().enumerate() {
+        if action.effector.as_ref().is_some_and(|e| e.url.is_none()) {
+            return Err(BadConfig::InProcess {
+                key: format!("actions[{i}].effector.in_process"),
+                instead: "the service the action calls as [actions.effector] url",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The ledger's URL: `--database-url` (or `OPLEDGER_DATABASE_URL`) if given, else the
