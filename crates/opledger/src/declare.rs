@@ -177,17 +177,18 @@ pub struct Action {
     key: Option<String>,
     repeat_window: Option<Duration>,
     confirm: Option<(String, Option<Duration>)>,
-    http: Option<HttpEffect>,
+    http: HttpEffect,
     max_attempts: Option<u32>,
     confirmed: Option<String>,
     failed: Option<String>,
 }
 
-#[derive(Debug, Clone)]
+/// `[actions.effector]`'s HTTP keys, each as given (the parse says what does not go together).
+#[derive(Debug, Clone, Default)]
 struct HttpEffect {
-    url: String,
+    url: Option<String>,
     timeout: Option<Duration>,
-    honours_idempotency_key: bool,
+    honours_idempotency_key: Option<bool>,
     lookup_url: Option<String>,
 }
 
@@ -204,7 +205,7 @@ impl Action {
             key: None,
             repeat_window: None,
             confirm: None,
-            http: None,
+            http: HttpEffect::default(),
             max_attempts: None,
             confirmed: None,
             failed: None,
@@ -254,39 +255,28 @@ impl Action {
 
     /// The effect is a JSON POST to `url` (with `Idempotency-Key`).
     pub fn calls(mut self, url: impl Into<String>) -> Action {
-        self.http = Some(HttpEffect {
-            url: url.into(),
-            timeout: None,
-            honours_idempotency_key: false,
-            lookup_url: None,
-        });
+        self.http.url = Some(url.into());
         self
     }
 
     /// The service called honours `Idempotency-Key`: a call whose outcome is unknown is made
-    /// again with the same key. Only with [`Action::calls`].
+    /// again with the same key. With [`Action::calls`] (an in-process effector says its own).
     pub fn honours_idempotency_key(mut self) -> Action {
-        if let Some(http) = &mut self.http {
-            http.honours_idempotency_key = true;
-        }
+        self.http.honours_idempotency_key = Some(true);
         self
     }
 
     /// Where to ask what became of a call whose outcome is unknown (a template with
-    /// `{operation_id}`). Only with [`Action::calls`].
+    /// `{operation_id}`). With [`Action::calls`].
     pub fn lookup_url(mut self, template: impl Into<String>) -> Action {
-        if let Some(http) = &mut self.http {
-            http.lookup_url = Some(template.into());
-        }
+        self.http.lookup_url = Some(template.into());
         self
     }
 
-    /// How long one HTTP call may take (default 2 s). Only with [`Action::calls`]; an
-    /// in-process effector says its own.
+    /// How long one HTTP call may take (default 2 s). With [`Action::calls`]; an in-process
+    /// effector says its own.
     pub fn timeout(mut self, timeout: Duration) -> Action {
-        if let Some(http) = &mut self.http {
-            http.timeout = Some(timeout);
-        }
+        self.http.timeout = Some(timeout);
         self
     }
 
@@ -341,17 +331,18 @@ impl Action {
         if in_process {
             effector.insert("in_process".into(), true.into());
         }
-        if let Some(http) = &self.http {
-            effector.insert("url".into(), http.url.clone().into());
-            if let Some(timeout) = http.timeout {
-                effector.insert("timeout_ms".into(), millis(timeout));
-            }
-            if http.honours_idempotency_key {
-                effector.insert("honours_idempotency_key".into(), true.into());
-            }
-            if let Some(lookup) = &http.lookup_url {
-                effector.insert("lookup_url".into(), lookup.clone().into());
-            }
+        let http = &self.http;
+        if let Some(url) = &http.url {
+            effector.insert("url".into(), url.clone().into());
+        }
+        if let Some(timeout) = http.timeout {
+            effector.insert("timeout_ms".into(), millis(timeout));
+        }
+        if let Some(honours) = http.honours_idempotency_key {
+            effector.insert("honours_idempotency_key".into(), honours.into());
+        }
+        if let Some(lookup) = &http.lookup_url {
+            effector.insert("lookup_url".into(), lookup.clone().into());
         }
         if let Some(attempts) = self.max_attempts {
             effector.insert("max_attempts".into(), i64::from(attempts).into());

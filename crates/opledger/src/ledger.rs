@@ -243,9 +243,8 @@ fn mark_in_process(toml: &mut Table, effectors: &HashMap<String, Arc<dyn Effecto
         let effector = action
             .entry("effector")
             .or_insert_with(|| Value::Table(Table::new()));
-        if let Value::Table(effector) = effector
-            && !effector.contains_key("url")
-        {
+        // With a `url` too, the parse refuses the pair, naming the key.
+        if let Value::Table(effector) = effector {
             effector.insert("in_process".into(), true.into());
         }
     }

@@ -116,6 +116,21 @@ async fn a_declaration_is_refused_with_the_message_the_toml_gets() {
         matches!(unknown, Error::UnknownAction(ref name) if name == "refund"),
         "{unknown}"
     );
+    let both = Opledger::builder()
+        .ledger(&url)
+        .bot(bot())
+        .action(coupon().calls("http://127.0.0.1:9/coupons"))
+        .effector("coupon", counted(&Arc::default()))
+        .open()
+        .await
+        .expect_err("an HTTP call and an in-process effect")
+        .to_string();
+    assert!(
+        both.starts_with(
+            "config key `actions[0].effector.url`: cannot be combined with in_process"
+        ),
+        "{both}"
+    );
     let message = Opledger::builder()
         .ledger(&url)
         .bot(Bot::webhook(
@@ -321,4 +336,52 @@ async fn the_bot_s_router_serves_the_webhook_and_answers_only_after_the_commit()
     assert_eq!(page.status(), 200);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     running.shutdown().await;
+}
+
+#[tokio::test]
+async fn serve_answers_until_shutdown_and_then_closes_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Opledger::builder()
+        .ledger(format!("sqlite://{}", dir.path().join("bot.db").display()))
+        .bot(bot())
+        .open()
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn({
+        let ledger = ledger.clone();
+        async move {
+            ledger
+                .serve(listener, async move {
+                    let _ = stopped.await;
+                })
+                .await
+        }
+    });
+    let ready = reqwest::get(format!("http://{address}/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let body = update(9, "hello");
+    let webhook = reqwest::Client::new()
+        .post(format!("http://{address}/telegram/shop/webhook"))
+        .header("x-telegram-bot-api-secret-token", SECRET)
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(webhook.status(), 200);
+    stop.send(()).unwrap();
+    serving.await.unwrap().expect("a clean stop");
+    assert!(
+        reqwest::get(format!("http://{address}/healthz"))
+            .await
+            .is_err(),
+        "no longer listening"
+    );
+    let again = ledger.record("shop", &body).await;
+    assert!(again.is_err(), "the ledger is closed: {again:?}");
 }
