@@ -11,6 +11,9 @@
 //!   `X-Opledger-Attempt`, then `UpdateForwarded` (the attachment deleted in the same append) or
 //!   `ForwardFailed` with the next attempt's time.
 //!
+//! A bot with `in_process = true` (ADR 0013) is the same, with the POST replaced by a
+//! [`Handover`] to the handlers of the program that embeds opledger: done is the 2xx.
+//!
 //! A 2xx answer holding a Bot API call (`{"method": "sendMessage", ...}`) is carried out as a
 //! tracked reply: `AnswerCallStarted` is committed with `UpdateForwarded`, before the call, and
 //! the call's outcome after it; a call started whose outcome was never recorded (the process
@@ -65,7 +68,6 @@ const ANSWER_LIMIT: usize = 1 << 20;
 /// How many due rows one read of the queue takes at most.
 const PAGE: u32 = 512;
 
-/// How a forwarder runs.
 /// An update handed to the in-process handlers of a program that embeds opledger (a bot whose
 /// `[bots.forward]` says `in_process = true`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +95,7 @@ pub trait Handover: Send + Sync + std::fmt::Debug {
     fn hand_over(&self, update: HandedUpdate) -> BoxFuture<'_, Result<(), String>>;
 }
 
+/// How a forwarder runs.
 #[derive(Debug, Clone)]
 pub struct ForwarderOptions {
     /// This forwarder's id, recorded in its attempts: unique among those sharing a ledger.
