@@ -447,9 +447,10 @@ async fn a_replay_in_the_middle_is_the_ledger_as_it_was_then(backend: Backend) {
     assert_eq!(info(&at).await["until_position"], middle);
     assert_same_tables(&at, &as_then).await;
 
-    // An existing file is replaced only with --force.
+    // An existing file is replaced only with --force; without it, a usage error like the other
+    // refusals of the target (exit code 2).
     let again = replay(&url, &middle.to_string(), &mid, &[]);
-    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(again.status.code(), Some(2));
     assert!(stderr(&again).contains("--force"), "{}", stderr(&again));
     let forced = replay(&url, "3", &mid, &["--force"]);
     assert!(forced.status.success(), "{}", stderr(&forced));

@@ -192,10 +192,13 @@ async fn check_target(
     match replay::inspect(into).await {
         Existing::Absent => {}
         Existing::Replay if force => {}
-        Existing::Replay => bail!(
-            "{} exists; choose another file with --into, or pass --force to replace it",
-            into.display()
-        ),
+        Existing::Replay => {
+            return Err(BadUsage(format!(
+                "{} exists; choose another file with --into, or pass --force to replace it",
+                into.display()
+            ))
+            .into());
+        }
         Existing::Ledger => {
             return refused(format!(
                 "{} holds an opledger ledger: a replay never overwrites a ledger, even with \

@@ -29,8 +29,8 @@ pub(crate) enum ApiError {
     /// A client's token on a route only the admin token opens: 403.
     #[error(
         "this route needs the admin token; a client's token ([[api.clients]]) may only start its \
-         bot's operations (POST /v1/operations) and read them (GET /v1/operations/{{id}} and its \
-         events)"
+         bot's operations (POST /v1/operations), issue its one-time buttons (POST /v1/buttons) \
+         and read its operations (GET /v1/operations/{{id}} and its events)"
     )]
     Forbidden,
     /// The request's body is not what the route takes: 400, nothing done.
