@@ -89,9 +89,10 @@ impl Bot {
     }
 
     /// Hands the bot's recorded updates to the program's handlers (a teloxide dispatcher
-    /// through [`teloxide`](crate::teloxide), or [`Opledger::handlers`](crate::Opledger::handlers)):
-    /// each once it is committed, per chat in order with one in flight, again after a failure
-    /// or a crash until the handlers are done with it.
+    /// through `opledger::teloxide`, feature `teloxide`, or
+    /// [`Opledger::handlers`](crate::Opledger::handlers)): each once it is committed, per chat
+    /// in order with one in flight, again after a failure or a crash until the handlers are
+    /// done with it.
     pub fn handlers(mut self, updates: Updates) -> Bot {
         self.handlers = Some(updates);
         self

@@ -17,7 +17,7 @@
 //! 3. **Open** the ledger ([`Builder::open`]) and [`start`](Opledger::start) its worker, read
 //!    models and pollers (or [`serve`](Opledger::serve) its HTTP routes too).
 //! 4. **Receive updates** recorded before the bot sees them: with teloxide, through
-//!    [`teloxide::dispatching`] (feature `teloxide`); otherwise through
+//!    `opledger::teloxide::dispatching` (feature `teloxide`); otherwise through
 //!    [`Opledger::handlers`], or by calling [`Opledger::record`] yourself.
 //! 5. **Run actions** from a handler with [`Opledger::run`] (or [`Opledger::submit`] and
 //!    [`Opledger::wait`]) and answer with the outcome, or hand the user a one-time button
