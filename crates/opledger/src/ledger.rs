@@ -328,6 +328,9 @@ impl Submit {
 pub struct Outcome {
     /// The request started the operation (a new business key), rather than joined it.
     pub started: bool,
+    /// The operation with this business key was started with other parameters: this request's
+    /// were refused (recorded as a key conflict), and `operation` is the existing one.
+    pub conflict: bool,
     /// The operation.
     pub operation: Operation,
 }
@@ -384,15 +387,19 @@ impl Opledger {
 
     /// [`Opledger::submit`], then [`Opledger::wait`] up to `timeout` for its outcome.
     ///
-    /// A key conflict is returned as the existing operation, `started: false`.
+    /// A key conflict is returned as the existing operation, with `conflict: true`.
     pub async fn run(&self, submit: Submit, timeout: Duration) -> Result<Outcome, Error> {
-        let (started, id) = match self.submit(submit).await? {
-            Started::New(link) => (true, link.operation_id.to_string()),
-            Started::Joined(link) => (false, link.operation_id.to_string()),
-            Started::KeyConflict { operation_id, .. } => (false, operation_id.to_string()),
+        let (started, conflict, id) = match self.submit(submit).await? {
+            Started::New(link) => (true, false, link.operation_id.to_string()),
+            Started::Joined(link) => (false, false, link.operation_id.to_string()),
+            Started::KeyConflict { operation_id, .. } => (false, true, operation_id.to_string()),
         };
         let operation = self.wait(&id, timeout).await?;
-        Ok(Outcome { started, operation })
+        Ok(Outcome {
+            started,
+            conflict,
+            operation,
+        })
     }
 
     /// A one-time button for `user_id`: its token (the button's `callback_data`). The first

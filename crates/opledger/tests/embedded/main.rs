@@ -206,6 +206,12 @@ async fn an_action_is_carried_out_once_per_business_key() {
             .bot(bot())
             .action(coupon())
             .effector("coupon", counted(&calls))
+            .action(
+                Action::new("welcome", "shop")
+                    .params(["campaign"])
+                    .key("{user_id}"),
+            )
+            .effector("welcome", counted(&calls))
             .open()
             .await
             .unwrap();
@@ -251,6 +257,28 @@ async fn an_action_is_carried_out_once_per_business_key() {
             calls.load(Ordering::SeqCst),
             2,
             "another key, another effect"
+        );
+        assert!(!other.conflict && !third.conflict);
+        let welcome = |campaign: &str| {
+            Submit::new("shop", "welcome")
+                .param("campaign", campaign)
+                .user(42)
+        };
+        let first_welcome = ledger.run(welcome("spring"), wait).await.unwrap();
+        let conflicting = ledger.run(welcome("autumn"), wait).await.unwrap();
+        assert!(first_welcome.started && !first_welcome.conflict);
+        assert!(
+            conflicting.conflict && !conflicting.started,
+            "{conflicting:?}"
+        );
+        assert_eq!(
+            conflicting.operation.operation_id,
+            first_welcome.operation.operation_id
+        );
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            3,
+            "one welcome, whatever the campaign"
         );
         let refused = ledger
             .submit(Submit::new("shop", "coupon").user(42))
