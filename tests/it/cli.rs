@@ -72,7 +72,7 @@ fn migrate_creates_the_default_ledger_in_the_working_directory() {
     assert!(dir.path().join("opledger.db").exists());
     let out = stdout(&output);
     assert!(
-        out.contains("sqlite://opledger.db is ready: schema version 2, 0 events"),
+        out.contains("sqlite://opledger.db is ready: schema version 3, 0 events"),
         "{out}"
     );
     // Migrating again is a no-op.

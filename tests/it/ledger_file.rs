@@ -6,7 +6,10 @@
 //!   again (it runs on a small tmpfs of its own, so it needs `mount`: root, as in CI);
 //! - the ledger file deleted or replaced: no update is acknowledged into a file that is no
 //!   longer the ledger, `/readyz` says which file, and after a restart nothing acknowledged is
-//!   missing.
+//!   missing;
+//! - the read models' own file (`ledger.read-models.db`, ADR 0014) deleted: the ledger keeps
+//!   taking updates, and after a restart the read models are rebuilt in a new file; a read
+//!   models' file of another ledger is refused.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -478,4 +481,145 @@ async fn a_write_ahead_log_deleted_under_serve_stops_acknowledgements() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_file_replaced_under_serve_stops_acknowledgements() {
     lost(Loss::Replaced).await;
+}
+
+/// The rows of `table` in the SQLite file at `path` (0 when it has no such table), read on a
+/// read-only connection.
+async fn rows_in(path: &Path, table: &str) -> i64 {
+    use sqlx::ConnectOptions;
+    let mut connection = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .read_only(true)
+        .connect()
+        .await
+        .expect("open the file");
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)",
+    )
+    .bind(table)
+    .fetch_one(&mut connection)
+    .await
+    .expect("look the table up");
+    if !exists {
+        return 0;
+    }
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{table}\""
+    )))
+    .fetch_one(&mut connection)
+    .await
+    .expect("count the rows")
+}
+
+/// Waits until every read model's lag (`/metrics`) is 0.
+async fn caught_up(serving: &Serving, http: &reqwest::Client, address: SocketAddr) {
+    eventually(
+        serving,
+        "the read models did not catch up",
+        PATIENCE,
+        move || async move {
+            let lags = samples(http, address, "opledger_projection_lag_events").await;
+            if !lags.is_empty() && lags.iter().all(|(_, lag)| *lag == 0.0) {
+                Ok(())
+            } else {
+                Err(format!("lags {lags:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_models_file_deleted_under_serve_leaves_the_ledger_going_and_is_rebuilt() {
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ledger = dir.path().join("ledger.db");
+    let read_models = dir.path().join("ledger.read-models.db");
+    let config = config(dir.path(), &ledger, &telegram.base_url());
+    let mut serving = serve(&config);
+    let address = serving.address().await;
+    let http = reqwest::Client::new();
+    for id in 1..=10 {
+        assert_eq!(deliver(&http, address, id).await, 200, "update {id}");
+    }
+    caught_up(&serving, &http, address).await;
+    // The asynchronous read models are in their own file, the inline one in the ledger's.
+    let (events, _) = ledger_events(&ledger).await;
+    assert!(rows_in(&read_models, "audit_trail").await >= 20);
+    assert_eq!(rows_in(&ledger, "audit_trail").await, 0);
+    assert_eq!(rows_in(&ledger, "operation_status").await, 10);
+    assert!(!events.is_empty());
+
+    // The read models' file goes: the ledger keeps taking updates.
+    for suffix in ["", "-wal", "-shm"] {
+        let mut path = read_models.as_os_str().to_owned();
+        path.push(suffix);
+        let _ = std::fs::remove_file(path);
+    }
+    for id in 11..=20 {
+        assert_eq!(deliver(&http, address, id).await, 200, "update {id}");
+    }
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+    assert!(
+        serving
+            .stderr()
+            .contains("ledger.read-models.db was deleted"),
+        "the runner says why it paused: {}",
+        serving.stderr()
+    );
+
+    // After a restart the read models are rebuilt in a new file, every event in them.
+    let mut serving = serve(&config);
+    let address = serving.address().await;
+    caught_up(&serving, &http, address).await;
+    let (events, _) = ledger_events(&ledger).await;
+    assert_eq!(
+        rows_in(&read_models, "audit_trail").await,
+        i64::try_from(events.len()).expect("a count"),
+        "one audit row per event"
+    );
+    assert_eq!(recorded_updates(&ledger).await, (1..=20).collect());
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_models_file_of_another_ledger_is_refused() {
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let http = reqwest::Client::new();
+    let mut configs = Vec::new();
+    for name in ["one", "two"] {
+        let folder = dir.path().join(name);
+        std::fs::create_dir(&folder).expect("a folder");
+        let config = config(&folder, &folder.join("ledger.db"), &telegram.base_url());
+        let mut serving = serve(&config);
+        let address = serving.address().await;
+        assert_eq!(deliver(&http, address, 1).await, 200);
+        assert!(serving.terminate().await.success(), "{}", serving.stderr());
+        configs.push((folder, config));
+    }
+    let (one, _) = &configs[0];
+    let (two, config) = &configs[1];
+    std::fs::copy(
+        one.join("ledger.read-models.db"),
+        two.join("ledger.read-models.db"),
+    )
+    .expect("copy the read models' file");
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(two.join(format!("ledger.read-models.db{suffix}")));
+    }
+    let mut serving = serve(config);
+    let status = serving.exit().await;
+    assert!(!status.success());
+    let err = serving.stderr();
+    assert!(
+        err.contains("belongs to another ledger") && err.contains("ledger.read-models.db"),
+        "{err}"
+    );
+    // Moved away, the service starts again and rebuilds its read models.
+    std::fs::remove_file(two.join("ledger.read-models.db")).expect("remove the copy");
+    let mut serving = serve(config);
+    let address = serving.address().await;
+    caught_up(&serving, &http, address).await;
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
 }

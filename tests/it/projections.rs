@@ -545,8 +545,11 @@ async fn active(store: &AnyStore, name: &str) -> registry::Checkpoint {
 /// Tables whose names carry a version (`x@vN`): none may remain after a flip.
 async fn versioned_tables(store: &AnyStore) -> Vec<String> {
     let rows: Vec<(String,)> = match store.reader() {
+        // Both files: the ledger's, and the read models' own, attached to every reader.
         ReadPool::Sqlite(pool) => sqlx::query_as(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE '%@v%'",
+            "SELECT name FROM main.sqlite_master WHERE type = 'table' AND name LIKE '%@v%' \
+             UNION ALL SELECT name FROM read_models.sqlite_master \
+             WHERE type = 'table' AND name LIKE '%@v%'",
         )
         .fetch_all(pool)
         .await
@@ -577,6 +580,24 @@ impl Other {
                     .await
                     .expect("connect"),
             ),
+        }
+    }
+
+    /// The same where an asynchronous projection lives: on SQLite the read models' own file
+    /// beside the ledger (ADR 0014).
+    async fn read_models(ledger: &Ledger) -> Other {
+        match ledger {
+            Ledger::Postgres(_) => Other::connect(ledger).await,
+            _ => {
+                let url = ledger.url();
+                let path = url.strip_prefix("sqlite://").expect("a SQLite URL");
+                let path = opledger_store::read_models::path_for(std::path::Path::new(path));
+                Other::Sqlite(
+                    sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+                        .await
+                        .expect("connect"),
+                )
+            }
         }
     }
 
@@ -696,7 +717,7 @@ async fn a_second_runner_is_detected_by_the_compare_and_set(backend: Backend) {
     let runner = second.runner.clone();
     let mut second = Projector::new(store.clone(), arc(positions()), second);
     second.prepare().await.expect("prepare");
-    let mut other = Other::connect(&ledger).await;
+    let mut other = Other::read_models(&ledger).await;
     other.execute(other.begin()).await;
     let moved = other
         .execute(&format!(
@@ -1139,15 +1160,16 @@ async fn a_targeted_rebuild_repairs_one_stream_only(backend: Backend) {
         ("failed", 99)
     );
 
-    // The async projection: a stream's rows lost, and its count wrong.
+    // The async projection (in the read models' own file on SQLite): a stream's rows lost, and
+    // its count wrong.
     let stream = "it-0-3";
     execute(
-        store.projection_pool(),
+        store.read_model_pool(),
         &format!("DELETE FROM \"{NAME}\" WHERE stream_id = '{stream}'"),
     )
     .await;
     execute(
-        store.projection_pool(),
+        store.read_model_pool(),
         &format!("UPDATE \"{NAME}_streams\" SET events = 0 WHERE stream_id = '{stream}'"),
     )
     .await;

@@ -1,15 +1,19 @@
 //! Load benchmark of `opledger serve`: distinct Telegram updates (each a `/coupon` command from
 //! another user, so each starts an operation) POSTed to the real binary's webhook by 64
 //! concurrent senders for 20 s, then paced at a quarter of the rate reached; on SQLite
-//! (`synchronous=FULL`) and on PostgreSQL. The raw one-row-per-transaction SQLite insert rate of
-//! the store benchmark is measured in the same run, for the target ratio. Prints one table.
+//! (`synchronous=FULL`) and on PostgreSQL; for each of four ways of running `serve` (intake
+//! alone, with the worker, with the asynchronous read models, everything), each on a fresh
+//! ledger, with the read models' lag at the end. The raw one-row-per-transaction SQLite insert
+//! rate of the store benchmark is measured in the same run. Prints one table of every phase and,
+//! per backend, the variants side by side.
 //!
 //! `cargo bench -p opledger-cli --bench load`
 //!
 //! Knobs (environment): `OPLEDGER_LOAD_SECONDS` (closed-loop phase, default 20),
 //! `OPLEDGER_LOAD_SENDERS` (default 64), `OPLEDGER_BENCH_PG_URL` (default the local server; a
-//! scratch database is created and dropped), `OPLEDGER_BENCH_BACKENDS` (default
-//! `sqlite,postgres`).
+//! scratch database is created and dropped per variant), `OPLEDGER_BENCH_BACKENDS` (default
+//! `sqlite,postgres`), `OPLEDGER_LOAD_VARIANTS` (e.g. `1,4`: intake only and everything),
+//! `OPLEDGER_BENCH_BIN` (another `opledger` binary, e.g. one built from `main`, to compare).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,9 +51,19 @@ fn update(n: u64) -> Vec<u8> {
 #[path = "common/serving.rs"]
 mod serving;
 
-/// `opledger serve` with bot `shop` and the coupon action, on `storage_url`; its webhook URL.
-fn start(dir: &std::path::Path, storage_url: &str) -> (serving::Service, String) {
-    let service = serving::Service::start(
+/// The ways `opledger serve` is run, side by side: intake alone, with the worker, with the
+/// asynchronous read models, and everything (the default).
+const VARIANTS: [(&str, &[&str]); 4] = [
+    ("intake only", &["--no-worker", "--no-projections"]),
+    ("intake + worker", &["--no-projections"]),
+    ("intake + projections", &["--no-worker"]),
+    ("everything (default)", &[]),
+];
+
+/// `opledger serve` (with `args`) with bot `shop` and the coupon action, on `storage_url`; its
+/// webhook URL.
+fn start(dir: &std::path::Path, storage_url: &str, args: &[&str]) -> (serving::Service, String) {
+    let service = serving::Service::start_with(
         dir,
         &format!(
             "[storage]\nurl = \"{storage_url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
@@ -58,12 +72,35 @@ fn start(dir: &std::path::Path, storage_url: &str) -> (serving::Service, String)
              [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
              params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n"
         ),
-        &[("LOAD_TOKEN", "1:load"), ("LOAD_SECRET", SECRET)],
+        ENV,
+        args,
     );
     let url = format!("{}/telegram/shop/webhook", service.base);
     (service, url)
 }
 
+const ENV: &[(&str, &str)] = &[("LOAD_TOKEN", "1:load"), ("LOAD_SECRET", SECRET)];
+
+/// The largest lag of an asynchronous read model (`opledger projections list --json`), or
+/// `None` when none is registered (the variants without read models).
+fn read_model_lag(service: &serving::Service) -> Option<u64> {
+    let output = std::process::Command::new(serving::binary())
+        .arg("--config")
+        .arg(&service.config)
+        .args(["projections", "list", "--json"])
+        .envs(ENV.iter().copied())
+        .env("OPLEDGER_LOG", "error")
+        .output()
+        .expect("run opledger projections list");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|row| row["inline"] == false && row["state"] == "active")
+        .filter_map(|row| row["lag"].as_u64())
+        .max()
+}
+
+#[derive(Clone)]
 struct Measured {
     label: String,
     acks_per_second: f64,
@@ -217,18 +254,38 @@ async fn raw_sqlite_rate(dir: &std::path::Path, seconds: u64) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn run_backend(name: &str, storage_url: &str, dir: &std::path::Path) -> (Measured, Measured) {
+/// One variant's two phases and the read models' lag at the end.
+struct Run {
+    variant: &'static str,
+    full: Measured,
+    paced: Measured,
+    lag: Option<u64>,
+}
+
+async fn run_variant(
+    name: &str,
+    variant: &'static str,
+    args: &[&str],
+    storage_url: &str,
+    dir: &std::path::Path,
+) -> Run {
     let seconds = env_number("OPLEDGER_LOAD_SECONDS", 20);
     let senders = env_number("OPLEDGER_LOAD_SENDERS", 64);
-    let (service, url) = start(dir, storage_url);
+    let (service, url) = start(dir, storage_url, args);
     let next = Arc::new(AtomicU64::new(0));
-    eprintln!("{name}: {senders} senders for {seconds} s...");
+    eprintln!("{name}, {variant}: {senders} senders for {seconds} s...");
     let full = closed_loop(&url, senders, seconds, next.clone()).await;
     let quarter = full.acks_per_second / 4.0;
-    eprintln!("{name}: paced at {quarter:.0}/s...");
+    eprintln!("{name}, {variant}: paced at {quarter:.0}/s...");
     let paced = paced(&url, quarter, seconds.clamp(3, 10), next).await;
+    let lag = read_model_lag(&service);
     service.stop();
-    (full, paced)
+    Run {
+        variant,
+        full,
+        paced,
+        lag,
+    }
 }
 
 fn row(backend: &str, m: &Measured, baseline: Option<f64>) {
@@ -245,6 +302,58 @@ fn row(backend: &str, m: &Measured, baseline: Option<f64>) {
     );
 }
 
+/// The variants side by side: closed-loop acks/s (and its ratio to intake alone), p99 closed
+/// loop, p99 at a quarter of the closed-loop rate, and the read models' lag at the end.
+fn side_by_side(backend: &str, runs: &[Run]) {
+    let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
+    let intake = runs.first().map_or(1.0, |r| r.full.acks_per_second);
+    println!("\n`serve` on {backend}, side by side (one run):\n");
+    println!(
+        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | errors | read-model lag at the end |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for run in runs {
+        println!(
+            "| {} | {:.0} | {:.2}x | {} | {} | {} | {} |",
+            run.variant,
+            run.full.acks_per_second,
+            run.full.acks_per_second / intake,
+            ms(run.full.p99),
+            ms(run.paced.p99),
+            run.full.errors + run.paced.errors,
+            run.lag
+                .map_or_else(|| "-".to_owned(), |lag| lag.to_string()),
+        );
+    }
+    if let Some(everything) = runs.last() {
+        let ratio = everything.full.acks_per_second / intake;
+        let bound = if backend == "SQLite" { 5 } else { 10 };
+        println!(
+            "\ntargets ({backend}): everything >= 0.9x intake only: {} ({ratio:.2}x); p99 at the \
+             quarter rate <= {bound} ms: {} ({} ms)",
+            if ratio >= 0.9 { "met" } else { "MISSED" },
+            if everything.paced.p99 <= Duration::from_millis(bound) {
+                "met"
+            } else {
+                "MISSED"
+            },
+            ms(everything.paced.p99),
+        );
+    }
+}
+
+/// A scratch PostgreSQL database on `admin`'s server; its URL.
+async fn create_database(connection: &mut sqlx::PgConnection, admin: &str, name: &str) -> String {
+    connection
+        .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .await
+        .expect("create database");
+    match admin.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => admin.to_owned(),
+    }
+}
+
 #[tokio::main]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -254,36 +363,44 @@ async fn main() {
     let backends = std::env::var("OPLEDGER_BENCH_BACKENDS").unwrap_or("sqlite,postgres".into());
     let dir = tempfile::tempdir().expect("temporary directory");
     let raw = raw_sqlite_rate(dir.path(), 5).await;
-    let mut results = Vec::new();
+    // `OPLEDGER_LOAD_VARIANTS=1,4` runs only those (1-based, in the order of `VARIANTS`).
+    let chosen = std::env::var("OPLEDGER_LOAD_VARIANTS").unwrap_or("1,2,3,4".into());
+    let variants: Vec<_> = VARIANTS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| chosen.split(',').any(|c| c.trim() == (i + 1).to_string()))
+        .map(|(_, v)| *v)
+        .collect();
+    let mut results: Vec<(&str, Vec<Run>)> = Vec::new();
     if backends.contains("sqlite") {
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        results.push(("SQLite", run_backend("SQLite", &url, dir.path()).await));
+        let mut runs = Vec::new();
+        for (i, (variant, args)) in variants.iter().enumerate() {
+            let folder = dir.path().join(format!("sqlite-{i}"));
+            std::fs::create_dir_all(&folder).expect("a folder");
+            let url = format!("sqlite://{}", folder.join("ledger.db").display());
+            runs.push(run_variant("SQLite", variant, args, &url, &folder).await);
+        }
+        results.push(("SQLite", runs));
     }
     if backends.contains("postgres") {
         let admin = std::env::var("OPLEDGER_BENCH_PG_URL")
             .unwrap_or("postgres://postgres@127.0.0.1:5432/postgres".into());
-        let name = format!("opledger_load_{}", std::process::id());
         match sqlx::postgres::PgConnection::connect(&admin).await {
             Ok(mut connection) => {
-                connection
-                    .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .await
-                    .expect("create database");
-                let url = match admin.rsplit_once('/') {
-                    Some((base, _)) => format!("{base}/{name}"),
-                    None => admin.clone(),
-                };
-                let pg_dir = tempfile::tempdir().expect("temporary directory");
-                results.push((
-                    "PostgreSQL",
-                    run_backend("PostgreSQL", &url, pg_dir.path()).await,
-                ));
-                connection
-                    .execute(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE {name} WITH (FORCE)"
-                    )))
-                    .await
-                    .expect("drop database");
+                let mut runs = Vec::new();
+                for (i, (variant, args)) in variants.iter().enumerate() {
+                    let name = format!("opledger_load_{}_{i}", std::process::id());
+                    let url = create_database(&mut connection, &admin, &name).await;
+                    let folder = tempfile::tempdir().expect("temporary directory");
+                    runs.push(run_variant("PostgreSQL", variant, args, &url, folder.path()).await);
+                    connection
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE {name} WITH (FORCE)"
+                        )))
+                        .await
+                        .expect("drop database");
+                }
+                results.push(("PostgreSQL", runs));
             }
             Err(error) => println!("PostgreSQL skipped: cannot connect to {admin}: {error}"),
         }
@@ -294,25 +411,21 @@ async fn main() {
     println!(
         "raw SQLite one-row INSERT per transaction (synchronous=FULL), same run: {raw:.0}/s\n"
     );
-    println!("| backend | phase | acks/s | p50 ms | p99 ms | max ms | errors | vs raw SQLite |");
+    println!(
+        "| backend | variant: phase | acks/s | p50 ms | p99 ms | max ms | errors | vs raw SQLite |"
+    );
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
-    for (backend, (full, paced)) in &results {
-        row(backend, full, Some(raw));
-        row(backend, paced, None);
-    }
-    for (backend, (full, paced)) in &results {
-        if *backend == "SQLite" {
-            let ratio = full.acks_per_second / raw;
-            println!(
-                "\ntargets (SQLite): acks/s >= 5x raw: {} ({ratio:.1}x); p99 at the quarter rate <= 3 ms: {} ({:.2} ms)",
-                if ratio >= 5.0 { "met" } else { "MISSED" },
-                if paced.p99 <= Duration::from_millis(3) {
-                    "met"
-                } else {
-                    "MISSED"
-                },
-                paced.p99.as_secs_f64() * 1e3
-            );
+    for (backend, runs) in &results {
+        for run in runs {
+            let label = |m: &Measured| Measured {
+                label: format!("{}: {}", run.variant, m.label),
+                ..m.clone()
+            };
+            row(backend, &label(&run.full), Some(raw));
+            row(backend, &label(&run.paced), None);
         }
+    }
+    for (backend, runs) in &results {
+        side_by_side(backend, runs);
     }
 }

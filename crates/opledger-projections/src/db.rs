@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use opledger_store::{Backend, Conn, ReadPool, Txn, either};
+use opledger_store::{AnyStore, Backend, Conn, ReadPool, Txn, either};
+
+use crate::projection::Projection;
 use sqlx::{AssertSqlSafe, Connection};
 
 /// How long a projection transaction on PostgreSQL waits for a lock (a table being flipped, the
@@ -33,10 +35,34 @@ pub(crate) async fn begin(pool: ReadPool<'_>) -> Result<Txn<'static>, sqlx::Erro
     Ok(either!(map pool, p => p.begin_with(statement).await?))
 }
 
+/// Begins the transaction of an asynchronous read model's page on a connection of `pool`
+/// ([`pool_for`]): like [`begin`], but on PostgreSQL its commit does not wait for the disk
+/// (`synchronous_commit = off`; on SQLite the read models' file already commits that way). A
+/// crash may lose the last pages applied, always together with the checkpoint that counts
+/// them, so nothing is skipped or applied twice; the read model is a little behind, no more.
+pub(crate) async fn begin_page(pool: ReadPool<'_>) -> Result<Txn<'static>, sqlx::Error> {
+    let mut statement = begin_statement(pool.backend()).0;
+    if pool.backend() == Backend::Postgres {
+        statement.push_str("; SET LOCAL synchronous_commit = off");
+    }
+    Ok(either!(map pool, p => p.begin_with(AssertSqlSafe(statement.clone())).await?))
+}
+
 /// Begins a write transaction on `conn` (a connection taken out of the pool for a long job).
 pub(crate) async fn begin_on(conn: Conn<'_>) -> Result<Txn<'_>, sqlx::Error> {
     let statement = begin_statement(conn.backend());
     Ok(either!(map conn, c => c.begin_with(statement).await?))
+}
+
+/// The writable pool where `projection`'s tables and checkpoints live: the ledger's own file
+/// (or database) for an inline one, which the store writes in every append; the read models'
+/// file beside a SQLite ledger for an asynchronous one (on PostgreSQL the same database).
+pub(crate) fn pool_for<'a>(store: &'a AnyStore, projection: &dyn Projection) -> ReadPool<'a> {
+    if projection.inline() {
+        store.projection_pool()
+    } else {
+        store.read_model_pool()
+    }
 }
 
 /// Quotes an identifier (`audit_trail@v3` → `"audit_trail@v3"`); names are `[a-z_]+` with an

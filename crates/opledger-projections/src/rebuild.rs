@@ -113,7 +113,7 @@ pub async fn rebuild(
     progress: &(dyn Fn(&Progress) + Send + Sync),
 ) -> Result<RebuildReport, ProjectorError> {
     let started = Instant::now();
-    let pool = store.projection_pool();
+    let pool = db::pool_for(store, projection);
     registry::install(pool).await?;
     crate::runner::register(store, projection, &options.runner).await?;
     let mut conn = OwnedConn::detach(pool).await?;
@@ -394,10 +394,12 @@ async fn flip(
     let runner = options.runner.as_str();
     let mut txn = db::begin_on(conn.conn()).await?;
     registry::lock_registry(txn.conn()).await?;
+    // (An asynchronous projection's file has no ledger head: any head read now will do, its
+    // runner goes on from wherever the flip leaves it.)
     let head = if projection.inline() {
         registry::lock_ledger(txn.conn()).await?
     } else {
-        registry::head(txn.conn()).await?
+        store.head().await?.position
     };
     // With the write lock held no append commits, so reading the events left through the
     // store's readers sees them all.
@@ -495,7 +497,7 @@ pub async fn rebuild_stream(
     stream: &StreamId,
 ) -> Result<StreamRebuild, ProjectorError> {
     let name = projection.name();
-    let pool = store.projection_pool();
+    let pool = db::pool_for(store, projection);
     let mut txn = db::begin(pool).await?;
     if projection
         .forget_stream(txn.conn(), name, stream.as_str())

@@ -173,7 +173,7 @@ pub async fn install(pool: ReadPool<'_>) -> Result<(), RegistryError> {
 /// Every active and building version, by name then version. Empty when the registry was never
 /// installed.
 pub async fn rows(pool: ReadPool<'_>) -> Result<Vec<Checkpoint>, RegistryError> {
-    let result = either!(pool, p => select((&mut *p.acquire().await?).into(), None).await);
+    let result = either!(pool, p => select_visible((&mut *p.acquire().await?).into(), None).await);
     match result {
         Err(RegistryError::Database(e)) if missing_table(&e) => Ok(Vec::new()),
         other => other,
@@ -228,7 +228,7 @@ pub async fn checkpoint(pool: ReadPool<'_>, name: &str) -> Result<Option<u64>, R
 }
 
 async fn active_position(mut conn: Conn<'_>, name: &str) -> Result<Option<u64>, RegistryError> {
-    let rows = select(conn.reborrow(), Some(name)).await?;
+    let rows = select_visible(conn.reborrow(), Some(name)).await?;
     let Some(active) = rows.into_iter().find(|r| r.state == State::Active) else {
         return Ok(None);
     };
@@ -318,6 +318,37 @@ pub(crate) async fn select(
         .iter()
         .map(decode)
         .collect())
+}
+
+/// The rows a reader sees: [`select`], but on a SQLite reading connection (the store's read
+/// pool, a `LedgerReader`) from both files: the inline projections' rows from the ledger's, the
+/// asynchronous ones' from the read models' file attached beside it (`opledger_store::
+/// read_models`). Where that file is not attached (a writer's connection, or no such file yet),
+/// the connection's own table.
+async fn select_visible(
+    mut conn: Conn<'_>,
+    name: Option<&str>,
+) -> Result<Vec<Checkpoint>, RegistryError> {
+    if let Conn::Sqlite(c) = &mut conn {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM (\
+                 SELECT {COLUMNS} FROM main.projection_checkpoints WHERE inline = 1 \
+                 UNION ALL \
+                 SELECT {COLUMNS} FROM {schema}.projection_checkpoints WHERE inline = 0) \
+             WHERE state <> 'retired' AND ($1 IS NULL OR name = $1) ORDER BY name, version",
+            schema = opledger_store::read_models::SCHEMA
+        );
+        match sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(name)
+            .fetch_all(&mut **c)
+            .await
+        {
+            Ok(rows) => return rows.iter().map(decode).collect(),
+            Err(error) if missing_table(&error) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    select(conn, name).await
 }
 
 /// The highest version ever registered for `name` (retired ones included); 0 if none.

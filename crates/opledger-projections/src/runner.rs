@@ -45,6 +45,11 @@ pub struct ProjectorOptions {
     pub page_size: usize,
     /// How often to look for events appended by other processes.
     pub poll_interval: Duration,
+    /// How long a caught-up runner lets new events gather before it reads them: one page then
+    /// holds many group-commit batches, so each read model commits a few times a second under
+    /// load instead of once per append (each commit costs a transaction, a compare-and-set and
+    /// a page read). It bounds how far behind the read model is, not how much.
+    pub batch_delay: Duration,
     /// How often a PostgreSQL instance that does not hold a projection's lock tries again, and
     /// how often the holder checks its lock connection.
     pub lock_interval: Duration,
@@ -63,6 +68,7 @@ impl Default for ProjectorOptions {
             runner,
             page_size: 1_000,
             poll_interval: Duration::from_millis(500),
+            batch_delay: Duration::from_millis(50),
             lock_interval: Duration::from_secs(1),
         }
     }
@@ -110,6 +116,12 @@ impl Projector {
     /// ones whose definition changed are rebuilt by [`Projector::run`].
     pub async fn prepare(&mut self) -> Result<(), ProjectorError> {
         registry::install(self.store.projection_pool()).await?;
+        registry::install(self.store.read_model_pool()).await?;
+        for projection in &self.projections {
+            if !projection.inline() {
+                retire_moved(&self.store, projection.as_ref(), &self.options.runner).await?;
+            }
+        }
         for projection in &self.projections {
             let active = register(&self.store, projection.as_ref(), &self.options.runner).await?;
             if active.definition_hash == self.hash(projection.as_ref()) {
@@ -356,9 +368,19 @@ async fn drive(
     }
     let mut watch = store.subscribe();
     let mut warned = false;
+    let mut file_warned = false;
     loop {
         if !lock.alive(options.lock_interval).await {
             return Ok(Stop::LockLost);
+        }
+        if let Some(lost) = store.read_model_file_lost() {
+            // Pages applied now would go into a file no one opens again; the ledger goes on.
+            if !file_warned {
+                tracing::error!(projection = name, "{lost}");
+                file_warned = true;
+            }
+            tokio::time::sleep(options.poll_interval).await;
+            continue;
         }
         if active.definition_hash != wanted {
             // The live version was built by other code: its tables may not fit this code.
@@ -386,9 +408,11 @@ async fn drive(
                 }
                 () = tokio::time::sleep(options.poll_interval) => {}
             }
+            tokio::time::sleep(options.batch_delay).await;
             continue;
         }
-        let mut txn = db::begin(store.projection_pool()).await?;
+        let short = page.len() < options.page_size;
+        let mut txn = db::begin_page(db::pool_for(store, projection)).await?;
         let applied = apply_page(
             &mut txn,
             projection,
@@ -406,6 +430,10 @@ async fn drive(
                 active.position = position;
                 warned = false;
                 *failures = 0;
+                if short {
+                    // Caught up: let the next events gather (see `batch_delay`).
+                    tokio::time::sleep(options.batch_delay).await;
+                }
             }
             None => {
                 drop(txn);
@@ -443,7 +471,7 @@ pub(crate) async fn register(
     runner: &str,
 ) -> Result<Checkpoint, ProjectorError> {
     let name = projection.name();
-    let pool = store.projection_pool();
+    let pool = db::pool_for(store, projection);
     let backend = pool.backend();
     let existing = registry::rows(store.reader()).await?;
     if let Some(active) = existing
@@ -499,6 +527,49 @@ pub(crate) async fn register(
         .ok_or_else(|| ProjectorError::NotRegistered {
             name: name.to_owned(),
         })
+}
+
+/// Retires the versions of an asynchronous projection still registered in a SQLite ledger's
+/// own file (where they lived before they got a file of their own, ADR 0014) and drops their
+/// tables, so that readers, who look in the ledger's file first, find the ones in the read
+/// models' file; there they are rebuilt from position 0. On PostgreSQL both are one database.
+async fn retire_moved(
+    store: &AnyStore,
+    projection: &dyn Projection,
+    runner: &str,
+) -> Result<(), ProjectorError> {
+    let pool = store.projection_pool();
+    if !matches!(pool, Either::Sqlite(_)) {
+        return Ok(());
+    }
+    let name = projection.name();
+    let mut txn = db::begin(pool).await?;
+    let rows = match registry::select(txn.conn(), Some(name)).await {
+        Ok(rows) => rows,
+        Err(registry::RegistryError::Database(e)) if db::missing_table(&e) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    if rows.is_empty() {
+        return Ok(());
+    }
+    for row in rows {
+        registry::set_state(
+            txn.conn(),
+            name,
+            row.version,
+            row.state,
+            State::Retired,
+            runner,
+        )
+        .await?;
+        rebuild::drop_tables(txn.conn(), projection, &row.table()).await?;
+    }
+    txn.commit().await?;
+    tracing::info!(
+        projection = name,
+        "moved to the read models' own file; rebuilding it there"
+    );
+    Ok(())
 }
 
 /// Whether `table` exists: each backend looks in its own catalog.

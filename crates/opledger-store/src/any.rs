@@ -82,6 +82,31 @@ impl AnyStore {
         either!(map self, store => store.projection_pool())
     }
 
+    /// Writable connections for the asynchronous read models: on SQLite the one on their own
+    /// file beside the ledger ([`SqliteStore::read_model_pool`]), on PostgreSQL the projection
+    /// pool (the same database).
+    pub fn read_model_pool(&self) -> ReadPool<'_> {
+        match self {
+            Either::Sqlite(store) => Either::Sqlite(store.read_model_pool()),
+            Either::Postgres(store) => Either::Postgres(store.projection_pool()),
+        }
+    }
+
+    /// `None` unless the read models' file of a SQLite ledger was deleted or replaced under
+    /// this process (see [`SqliteStore::read_model_file_lost`]); then a sentence saying so.
+    pub fn read_model_file_lost(&self) -> Option<String> {
+        match self {
+            Either::Sqlite(store) => store.read_model_file_lost().map(|(path, change)| {
+                format!(
+                    "the read models' file {} was {change}; the ledger goes on, and the read \
+                     models are rebuilt in a new file when opledger restarts",
+                    path.display()
+                )
+            }),
+            Either::Postgres(_) => None,
+        }
+    }
+
     /// `Ok` unless a file of a SQLite ledger was deleted or replaced under this process (see
     /// [`SqliteStore::check_files`]); PostgreSQL has no file to lose.
     pub fn check_files(&self) -> Result<(), StoreError> {

@@ -165,6 +165,13 @@ pub enum OpenError {
         source: sqlx::Error,
     },
 
+    /// The read models' file beside a SQLite ledger was made for another ledger.
+    #[error(
+        "the read models' file {} belongs to another ledger; move it away or delete it (read models are rebuilt from the ledger)",
+        path.display()
+    )]
+    ForeignReadModels { path: std::path::PathBuf },
+
     #[error("could not install the read model `{name}`: {source}")]
     Projection {
         name: &'static str,

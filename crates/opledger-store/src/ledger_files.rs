@@ -21,12 +21,12 @@ use crate::error::StoreError;
 
 /// A file's identity: its device and inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Identity {
+pub(crate) struct Identity {
     device: u64,
     inode: u64,
 }
 
-fn identity(path: &Path) -> std::io::Result<Identity> {
+pub(crate) fn identity(path: &Path) -> std::io::Result<Identity> {
     let metadata = std::fs::metadata(path)?;
     Ok(Identity {
         device: metadata.dev(),

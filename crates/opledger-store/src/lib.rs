@@ -26,6 +26,7 @@ mod ledger_files;
 mod model;
 pub mod postgres;
 mod read;
+pub mod read_models;
 mod reader;
 pub mod sqlite;
 mod store;

@@ -61,6 +61,7 @@ impl LedgerReader {
             })?;
             // Said before SQLite's own "unable to open database file", which names nothing.
             let path = connect.get_filename();
+            let read_models = std::sync::Arc::new(crate::read_models::path_for(path));
             if !path.exists() {
                 return Err(OpenError::Missing {
                     path: path.to_owned(),
@@ -94,6 +95,13 @@ impl LedgerReader {
             let pool = SqlitePoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(WAIT)
+                .after_connect(move |connection, _| {
+                    let read_models = std::sync::Arc::clone(&read_models);
+                    Box::pin(async move {
+                        crate::read_models::attach(connection, &read_models).await;
+                        Ok(())
+                    })
+                })
                 .connect_with(connect)
                 .await
                 .map_err(sqlite::open_error)?;

@@ -3,9 +3,11 @@
 //! One appender task owns the only write connection and commits group-commit batches inside
 //! `BEGIN IMMEDIATE` (never a deferred transaction that upgrades its lock). A small pool of
 //! `query_only` connections serves reads concurrently thanks to WAL. Other processes may write
-//! to the same file too: `BEGIN IMMEDIATE` and the head row serialize them all.
+//! to the same file too: `BEGIN IMMEDIATE` and the head row serialize them all. Asynchronous
+//! read models live in a second file beside it (`read_models.rs`), which readers attach.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +27,7 @@ use crate::inline::InlineProjections;
 use crate::ledger_files::LedgerFiles;
 use crate::model::{AppendRequest, Appended, Head, StreamId, StreamVersion};
 use crate::read;
+use crate::read_models;
 use crate::store::{EventStore, HeadWatch};
 
 /// The schema migrations of the SQLite backend, embedded in the binary.
@@ -77,6 +80,10 @@ pub struct SqliteStore {
 struct Inner {
     readers: SqlitePool,
     projections: SqlitePool,
+    /// The one writable connection on the read models' own file (`read_models.rs`).
+    read_models: SqlitePool,
+    /// That file as opened, to notice it deleted or replaced.
+    read_model_file: read_models::ReadModelFile,
     appender: Appender,
     checkpointer: tokio::task::JoinHandle<()>,
     files: Arc<LedgerFiles>,
@@ -114,8 +121,19 @@ impl SqliteStore {
         let files = LedgerFiles::remember(connect.get_filename())
             .map(Arc::new)
             .map_err(|e| open_error(sqlx::Error::Io(e)))?;
+        let (read_models, read_model_path) = read_models::open(&connect, &mut writer).await?;
+        let attach = Arc::new(read_model_path.clone());
+        let read_model_file = read_models::ReadModelFile::remember(read_model_path)
+            .map_err(|e| open_error(sqlx::Error::Io(e)))?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.read_connections.max(1))
+            .after_connect(move |connection, _| {
+                let attach = Arc::clone(&attach);
+                Box::pin(async move {
+                    read_models::attach(connection, &attach).await;
+                    Ok(())
+                })
+            })
             .connect_with(
                 connect
                     .clone()
@@ -124,8 +142,9 @@ impl SqliteStore {
             )
             .await
             .map_err(open_error)?;
-        // Asynchronous read models write beside the appender: SQLite serializes their
+        // Inline read models' rebuilds write beside the appender: SQLite serializes their
         // transactions with the appender's (`BEGIN IMMEDIATE`, waiting up to `busy_timeout`).
+        // Asynchronous ones write in their own file (`read_models`).
         let projections = SqlitePoolOptions::new()
             .max_connections(2)
             .after_release(|connection, _| Box::pin(ended_cleanly(connection)))
@@ -144,6 +163,8 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 readers,
                 projections,
+                read_models,
+                read_model_file,
                 appender,
                 checkpointer,
                 files,
@@ -160,6 +181,7 @@ impl SqliteStore {
         self.inner.checkpointer.abort();
         self.inner.readers.close().await;
         self.inner.projections.close().await;
+        self.inner.read_models.close().await;
         if let Some(keeper) = self.inner.keeper.lock().await.take()
             && let Err(error) = keeper.close().await
         {
@@ -179,10 +201,25 @@ impl SqliteStore {
         &self.inner.readers
     }
 
-    /// A small pool of writable connections for read models kept outside the append
-    /// transactions (asynchronous projections, rebuilds). Never for the ledger's own tables.
+    /// A small pool of writable connections on the ledger's file for the read models kept
+    /// inside the append transactions (their registration and rebuilds). Never for the
+    /// ledger's own tables.
     pub fn projection_pool(&self) -> &SqlitePool {
         &self.inner.projections
+    }
+
+    /// The one writable connection on the read models' own file (`read_models.rs`), for the
+    /// asynchronous read models: their tables, their checkpoints, their rebuilds.
+    pub fn read_model_pool(&self) -> &SqlitePool {
+        &self.inner.read_models
+    }
+
+    /// `None` while the read models' file is the one this store opened; else its path and how
+    /// it was lost. The ledger goes on without it; the read models are rebuilt in a new file at
+    /// the next start.
+    pub fn read_model_file_lost(&self) -> Option<(&Path, &'static str)> {
+        let file = &self.inner.read_model_file;
+        file.lost().map(|change| (file.path(), change))
     }
 
     /// The read pool, for the reads both backends share.
@@ -196,7 +233,7 @@ impl SqliteStore {
 /// itself, so the driver's own `ROLLBACK` fails and the driver still counts the transaction as
 /// open: every later `BEGIN` on that connection would fail ("non-zero transaction depth") until
 /// a restart. Such a connection is closed instead, and the pool opens a fresh one.
-async fn ended_cleanly(connection: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+pub(crate) async fn ended_cleanly(connection: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
     // The rollback of a transaction dropped without commit is queued on the connection; the
     // ping runs after it.
     connection.ping().await?;

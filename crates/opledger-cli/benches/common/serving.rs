@@ -10,18 +10,40 @@ pub(crate) struct Service {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub(crate) base: String,
+    /// The configuration file it was started with.
+    #[allow(dead_code)] // read by the load bench, not the gateway bench
+    pub(crate) config: std::path::PathBuf,
+}
+
+/// The `opledger` binary to run: `OPLEDGER_BENCH_BIN` if set (e.g. an older build, to compare
+/// in one run), else the one Cargo built with the bench.
+pub(crate) fn binary() -> std::path::PathBuf {
+    std::env::var_os("OPLEDGER_BENCH_BIN")
+        .map_or_else(|| env!("CARGO_BIN_EXE_opledger").into(), Into::into)
 }
 
 impl Service {
     /// Starts `serve` with `config` (TOML, written to `dir/opledger.toml`) and `env`, logging
     /// only errors.
+    #[allow(dead_code)] // the load bench passes arguments
     pub(crate) fn start(dir: &std::path::Path, config: &str, env: &[(&str, &str)]) -> Service {
+        Service::start_with(dir, config, env, &[])
+    }
+
+    /// The same with more arguments after `serve` (`--no-worker`, `--no-projections`).
+    pub(crate) fn start_with(
+        dir: &std::path::Path,
+        config: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Service {
         let path = dir.join("opledger.toml");
         std::fs::write(&path, config).expect("write the configuration");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        let mut child = Command::new(binary())
             .arg("--config")
             .arg(&path)
             .arg("serve")
+            .args(args)
             .envs(env.iter().copied())
             .env("OPLEDGER_LOG", "error")
             .current_dir(dir)
@@ -44,6 +66,7 @@ impl Service {
         Service {
             child,
             base: format!("http://{address}"),
+            config: path,
         }
     }
 
