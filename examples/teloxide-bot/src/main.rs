@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
                 async move { shop.issue(request).await }
             })
             .honours_idempotency_key()
-            .timeout(Duration::from_secs(3)),
+            .timeout(Duration::from_secs(5)),
         )
         .lease_margin(Duration::from_secs(1))
         .open()
