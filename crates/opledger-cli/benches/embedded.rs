@@ -24,8 +24,11 @@ use teloxide::dispatching::UpdateHandler;
 use teloxide::prelude::*;
 use tokio::sync::oneshot;
 
+#[path = "common/latency.rs"]
+mod latency;
 #[path = "common/serving.rs"]
 mod serving;
+use latency::{ms, percentile};
 
 const SECRET: &str = "embedded-bench-secret";
 const TOKEN: &str = "1:embedded-bench";
@@ -273,18 +276,6 @@ async fn embedded_phase(senders: u64, seconds: u64, teloxide: bool) -> Row {
         elapsed,
         latencies,
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((sorted.len() as f64) * p).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(duration: Duration) -> String {
-    format!("{:.2}", duration.as_secs_f64() * 1000.0)
 }
 
 #[tokio::main]

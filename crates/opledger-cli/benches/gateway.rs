@@ -85,8 +85,11 @@ async fn upstream() -> (String, Arrivals) {
     (format!("http://{address}/webhook"), arrivals)
 }
 
+#[path = "common/latency.rs"]
+mod latency;
 #[path = "common/serving.rs"]
 mod serving;
+use latency::{ms, percentile};
 use serving::Service;
 
 /// `opledger serve` with bot `shop` (forwarding to `forward`, if given), a client of the
@@ -218,18 +221,6 @@ async fn paced(
         elapsed: started.elapsed(),
         errors,
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    assert!(
-        !sorted.is_empty(),
-        "no request succeeded: is the service configured as the bench expects?"
-    );
-    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
 /// One table row.

@@ -82,6 +82,14 @@ pub enum FoldError {
 pub const REPLY_LEASE: TimeDelta = TimeDelta::seconds(60);
 
 impl OperationStatusRow {
+    /// Whether the operation is settled (confirmed, failed or reconciled): its outcome no
+    /// longer changes.
+    pub fn is_settled(&self) -> bool {
+        Status::ALL
+            .iter()
+            .any(|s| s.as_str() == self.status && s.is_terminal())
+    }
+
     /// When a worker must look at a terminal operation: now, if it has a chat to reply to and
     /// no reply was started yet; never otherwise.
     fn reply_due(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {

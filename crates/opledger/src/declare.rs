@@ -306,8 +306,8 @@ impl Action {
         &self.name
     }
 
-    /// The `[[actions]]` entry; `in_process` when an effector is registered for it.
-    pub(crate) fn to_toml(&self, in_process: bool) -> Table {
+    /// The `[[actions]]` entry.
+    pub(crate) fn to_toml(&self) -> Table {
         let mut action = Table::new();
         action.insert("name".into(), self.name.clone().into());
         action.insert("bot".into(), self.bot.clone().into());
@@ -329,9 +329,6 @@ impl Action {
             }
         }
         let mut effector = Table::new();
-        if in_process {
-            effector.insert("in_process".into(), true.into());
-        }
         let http = &self.http;
         if let Some(url) = &http.url {
             effector.insert("url".into(), url.clone().into());

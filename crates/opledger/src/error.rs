@@ -3,9 +3,8 @@
 use opledger_config::ConfigError;
 use opledger_projections::ProjectorError;
 use opledger_projections::operation_status::ReadError;
-use opledger_projections::registry::RegistryError;
 use opledger_server::IntakeError;
-use opledger_store::{OpenError, StoreError};
+use opledger_store::OpenError;
 use opledger_worker::{ForwarderError, WorkerError};
 
 /// An error of the embedded ledger.
@@ -36,12 +35,6 @@ pub enum Error {
     /// The read models could not be installed.
     #[error("cannot prepare the read models: {0}")]
     Projections(#[from] ProjectorError),
-    /// A read model's progress could not be read.
-    #[error("cannot read the read models' progress: {0}")]
-    Registry(#[from] RegistryError),
-    /// The ledger could not be read.
-    #[error(transparent)]
-    Store(#[from] StoreError),
     /// An operation could not be read.
     #[error(transparent)]
     Read(#[from] ReadError),

@@ -141,34 +141,20 @@ impl Builder {
             concurrency,
             lease_margin,
         } = self;
-        for name in effectors.keys() {
-            let toml_action = toml_actions(&toml)
-                .iter()
-                .any(|a| a.get("name").and_then(Value::as_str) == Some(name));
-            if !toml_action && !actions.iter().any(|a| a.name() == name) {
-                return Err(Error::UnknownAction(name.clone()));
-            }
-        }
-        let mut secrets = Secrets::default();
+        let mut secrets = env;
         append(
             &mut toml,
             "bots",
             bots.iter().map(|b| b.to_toml(&mut secrets)),
         );
-        append(
-            &mut toml,
-            "actions",
-            actions
-                .iter()
-                .map(|a| a.to_toml(effectors.contains_key(a.name()))),
-        );
-        mark_in_process(&mut toml, &effectors);
+        append(&mut toml, "actions", actions.iter().map(Action::to_toml));
+        mark_in_process(&mut toml, &effectors)?;
         if let Some(url) = &url {
             let mut storage = Table::new();
             storage.insert("url".into(), url.clone().into());
             toml.insert("storage".into(), storage.into());
         }
-        let lookup = |name: &str| secrets.get(name).or_else(|| env.get(name));
+        let lookup = |name: &str| secrets.get(name);
         let config = Config::parse(&toml.to_string(), &lookup)?;
         let store = {
             let options = AnyOptions {
@@ -213,13 +199,6 @@ fn env_names(value: &Value, names: &mut Vec<String>) {
     }
 }
 
-fn toml_actions(toml: &Table) -> Vec<&Table> {
-    toml.get("actions")
-        .and_then(Value::as_array)
-        .map(|actions| actions.iter().filter_map(Value::as_table).collect())
-        .unwrap_or_default()
-}
-
 fn append(toml: &mut Table, key: &str, entries: impl Iterator<Item = Table>) {
     let list = toml.entry(key).or_insert_with(|| Value::Array(Vec::new()));
     if let Value::Array(list) = list {
@@ -227,26 +206,36 @@ fn append(toml: &mut Table, key: &str, entries: impl Iterator<Item = Table>) {
     }
 }
 
-/// An action of the TOML text whose effector the program registered runs in process.
-fn mark_in_process(toml: &mut Table, effectors: &HashMap<String, Arc<dyn Effector>>) {
-    let Some(Value::Array(actions)) = toml.get_mut("actions") else {
-        return;
-    };
-    for action in actions.iter_mut().filter_map(Value::as_table_mut) {
-        let registered = action
-            .get("name")
-            .and_then(Value::as_str)
-            .is_some_and(|name| effectors.contains_key(name));
-        if !registered {
-            continue;
+/// An action (of the TOML text or declared in code) whose effector the program registered runs
+/// in process (with a `url` too, the parse refuses the pair, naming the key); an effector for
+/// no declared action is refused.
+fn mark_in_process(
+    toml: &mut Table,
+    effectors: &HashMap<String, Arc<dyn Effector>>,
+) -> Result<(), Error> {
+    let mut declared = Vec::new();
+    if let Some(Value::Array(actions)) = toml.get_mut("actions") {
+        for action in actions.iter_mut().filter_map(Value::as_table_mut) {
+            let Some(name) = action
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+            else {
+                continue;
+            };
+            if effectors.contains_key(&name)
+                && let Value::Table(effector) = action
+                    .entry("effector")
+                    .or_insert_with(|| Value::Table(Table::new()))
+            {
+                effector.insert("in_process".into(), true.into());
+            }
+            declared.push(name);
         }
-        let effector = action
-            .entry("effector")
-            .or_insert_with(|| Value::Table(Table::new()));
-        // With a `url` too, the parse refuses the pair, naming the key.
-        if let Value::Table(effector) = effector {
-            effector.insert("in_process".into(), true.into());
-        }
+    }
+    match effectors.keys().find(|name| !declared.contains(name)) {
+        Some(name) => Err(Error::UnknownAction(name.clone())),
+        None => Ok(()),
     }
 }
 
@@ -344,12 +333,8 @@ impl Outcome {
     /// Settled: confirmed, failed, or decided by an operator (`reconciled`); otherwise the
     /// wait ended first and the worker is still at it.
     pub fn is_settled(&self) -> bool {
-        settled(&self.operation.status)
+        self.operation.is_settled()
     }
-}
-
-fn settled(status: &str) -> bool {
-    matches!(status, "confirmed" | "failed" | "reconciled")
 }
 
 impl Opledger {
@@ -438,7 +423,7 @@ impl Opledger {
                 .await?
                 .ok_or_else(|| Error::UnknownOperation(id.to_owned()))?;
             let now = tokio::time::Instant::now();
-            if settled(&operation.status) || now >= deadline {
+            if operation.is_settled() || now >= deadline {
                 return Ok(operation);
             }
             // This process's commits wake the wait; another instance's are seen by polling.
@@ -565,27 +550,6 @@ impl Opledger {
             })
             .await;
         served.map_err(Error::Serve)
-    }
-
-    /// Waits until every read model has applied the ledger up to now, at most `timeout`;
-    /// whether they had (for `/v1` reads and tests right after a write).
-    pub async fn caught_up(&self, timeout: Duration) -> Result<bool, Error> {
-        let head = self.inner.store.head().await?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        for projection in opledger_projections::builtin() {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let applied = opledger_projections::registry::wait_for(
-                &self.inner.store,
-                projection.name(),
-                head.position,
-                left,
-            )
-            .await?;
-            if !applied {
-                return Ok(false);
-            }
-        }
-        Ok(true)
     }
 }
 

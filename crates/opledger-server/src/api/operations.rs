@@ -208,13 +208,6 @@ pub(crate) async fn row(
         .ok_or_else(|| ApiError::NotFound(format!("no operation has the id `{id}`")))
 }
 
-/// Whether an operation in `status` can still change its outcome.
-fn settled(status: &str) -> bool {
-    Status::ALL
-        .iter()
-        .any(|s| s.as_str() == status && s.is_terminal())
-}
-
 /// One operation; with `wait`, once it is settled (confirmed, failed or reconciled) or the wait
 /// is over, whichever comes first, so that a handler can answer its user with the outcome.
 #[utoipa::path(
@@ -251,7 +244,7 @@ pub(crate) async fn get(
     loop {
         let row = row(&state, &caller, &id).await?;
         let now = tokio::time::Instant::now();
-        if settled(&row.status) || now >= deadline {
+        if row.is_settled() || now >= deadline {
             return Ok(Json(row.into()));
         }
         let poll = (deadline - now).min(WAIT_POLL);
