@@ -8,7 +8,7 @@
 //! failed attempt, and the update is handed over again later.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use futures_util::future::BoxFuture;
 use opledger_worker::{HandedUpdate, Handover};
@@ -53,7 +53,7 @@ impl Handover for Handlers {
             sender
                 .send(Handed {
                     update,
-                    done: Some(done),
+                    answer: Answer { done },
                 })
                 .await
                 .map_err(|_| {
@@ -90,7 +90,7 @@ impl HandedUpdates {
 #[derive(Debug)]
 pub struct Handed {
     update: HandedUpdate,
-    done: Option<oneshot::Sender<Result<(), String>>>,
+    answer: Answer,
 }
 
 impl Handed {
@@ -115,51 +115,31 @@ impl Handed {
     }
 
     /// The handlers are done with it: it is recorded as forwarded and never handed over again.
-    pub fn done(mut self) {
-        self.answer(Ok(()));
+    pub fn done(self) {
+        self.answer.send(Ok(()));
     }
 
     /// The handlers could not handle it now: it is handed over again later (until it is
     /// older than the bot's `give_up_after`), `reason` recorded with the attempt.
-    pub fn fail(mut self, reason: impl Into<String>) {
-        self.answer(Err(reason.into()));
+    pub fn fail(self, reason: impl Into<String>) {
+        self.answer.send(Err(reason.into()));
     }
 
     /// Splits off the answer, for handlers that finish elsewhere.
     #[cfg_attr(not(feature = "teloxide"), allow(dead_code))]
-    pub(crate) fn into_parts(mut self) -> (HandedUpdate, Answer) {
-        let done = self.done.take();
-        let update = HandedUpdate {
-            bot: std::mem::take(&mut self.update.bot),
-            update_id: self.update.update_id,
-            attempt: self.update.attempt,
-            body: std::mem::take(&mut self.update.body),
-        };
-        (update, Answer { done })
-    }
-
-    fn answer(&mut self, result: Result<(), String>) {
-        if let Some(done) = self.done.take() {
-            let _ = done.send(result);
-        }
+    pub(crate) fn into_parts(self) -> (HandedUpdate, Answer) {
+        (self.update, self.answer)
     }
 }
 
-/// The answer of one handed-over update, kept apart from it.
+/// The answer of one handed-over update; dropped unsent, the hand-over failed.
 #[derive(Debug)]
-#[cfg_attr(not(feature = "teloxide"), allow(dead_code))]
 pub(crate) struct Answer {
-    done: Option<oneshot::Sender<Result<(), String>>>,
+    done: oneshot::Sender<Result<(), String>>,
 }
 
-#[cfg_attr(not(feature = "teloxide"), allow(dead_code))]
 impl Answer {
-    pub(crate) fn send(mut self, result: Result<(), String>) {
-        if let Some(done) = self.done.take() {
-            let _ = done.send(result);
-        }
+    pub(crate) fn send(self, result: Result<(), String>) {
+        let _ = self.done.send(result);
     }
 }
-
-/// The handlers' registry, shared by the embedded ledger and its worker.
-pub(crate) type SharedHandlers = Arc<Handlers>;

@@ -18,7 +18,7 @@ use toml::{Table, Value};
 
 use crate::declare::{Action, Bot, Secrets};
 use crate::error::Error;
-use crate::handlers::{HandedUpdates, SharedHandlers};
+use crate::handlers::{HandedUpdates, Handlers};
 
 /// The name submissions of the embedding program are recorded under, as their cause.
 const CLIENT: &str = "embedded";
@@ -174,7 +174,7 @@ impl Builder {
                 store,
                 app,
                 effectors,
-                handlers: SharedHandlers::default(),
+                handlers: Arc::default(),
                 worker_id: id,
                 concurrency: concurrency.unwrap_or(4),
                 lease_margin,
@@ -251,7 +251,7 @@ struct Inner {
     store: AnyStore,
     app: App,
     effectors: HashMap<String, Arc<dyn Effector>>,
-    handlers: SharedHandlers,
+    handlers: Arc<Handlers>,
     worker_id: String,
     concurrency: usize,
     lease_margin: Option<Duration>,
