@@ -153,6 +153,77 @@ async fn a_stream_created_by_another_instance_mid_batch_is_a_conflict() {
     control.close().await.ok();
 }
 
+/// Each instance's writer decides a batch on what its own commits told it and lets the server
+/// check that (one call, `opledger_append`). When another instance moved a stream or the head in
+/// between, that knowledge is stale: the batch must be decided again on what the server found,
+/// so an expected version that is right now succeeds, a stale one is a conflict with the true
+/// version, and the chain stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_s_stale_knowledge_is_corrected_by_the_server() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let mut control = database.connect().await;
+    control
+        .execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', \
+             current_database()); END $$",
+        )
+        .await
+        .unwrap();
+    let first = open(database.url(), PgOptions::default()).await;
+    let second = open(database.url(), PgOptions::default()).await;
+    let shared = StreamId::new("op-shared").unwrap();
+    let exact = |version: u64, n: u64| {
+        vec![AppendRequest::new(
+            shared.clone(),
+            ExpectedVersion::Exact(version),
+            vec![event("Step", n)],
+        )]
+    };
+    // The first instance's first batch locks and reads; the ones after it use what it knows.
+    first.append(one("op-shared", "Step", 1)).await.unwrap();
+    first.append(exact(1, 2)).await.unwrap();
+    // The second instance moves the stream (version 3) and the head behind the first's back.
+    second.append(exact(2, 3)).await.unwrap();
+    second.append(one("op-other", "Step", 4)).await.unwrap();
+    // The first still believes version 2 and the head at 2.
+    let conflict = first.append(exact(2, 5)).await;
+    assert!(
+        matches!(conflict, Err(StoreError::VersionConflict { actual: 3, .. })),
+        "{conflict:?}"
+    );
+    first.append(exact(3, 6)).await.expect("version 3 is right");
+    second
+        .append(exact(4, 7))
+        .await
+        .expect("version 4 is right");
+    let appended = first.append(exact(5, 8)).await.expect("version 5 is right");
+    assert_eq!(*appended.positions.start(), 7);
+    assert_eq!(first.stream_version(&shared).await.unwrap(), 6);
+    assert_consistent(&first).await;
+    first.close().await;
+    second.close().await;
+    // The appends after each writer's first went through the function (statistics reach the
+    // view a moment after the sessions end).
+    let mut calls = 0;
+    for _ in 0..100 {
+        calls = sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_user_functions \
+             WHERE funcname = 'opledger_append'",
+        )
+        .fetch_one(&mut control)
+        .await
+        .unwrap();
+        if calls >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(calls >= 4, "opledger_append was called {calls} times");
+    control.close().await.ok();
+}
+
 /// One append is held open in the middle of its transaction (a test-only trigger makes its
 /// event insert wait on an advisory lock this test holds) after it took position 11. Two other
 /// instances append meanwhile. A reader must not see anything past position 10 while the held
@@ -464,7 +535,7 @@ async fn the_cli_migrates_and_prints_a_postgres_ledger() {
     };
     let migrate = opledger(database.url(), &["migrate"]);
     assert!(migrate.status.success(), "{}", stderr(&migrate));
-    assert!(stdout(&migrate).contains("schema version 2, 0 events"));
+    assert!(stdout(&migrate).contains("schema version 3, 0 events"));
     let store = open(database.url(), PgOptions::default()).await;
     store.append(one("op-cli", "Received", 7)).await.unwrap();
     store.close().await;

@@ -1,23 +1,34 @@
 //! The PostgreSQL backend: one ledger shared by several opledger instances.
 //!
 //! The same guarantees as SQLite, on a server where many processes append at once. Each process has
-//! one appender task (group commit) on a dedicated connection; a batch is one short transaction of
-//! four round trips: `BEGIN` (with `SET LOCAL lock_timeout`, and index plans only); one
-//! statement that locks the touched streams that exist, in sorted order, then the head row, and
-//! reads their versions and the head; then every call is decided in memory (a loser is rejected
-//! before any position is allocated) and the accepted events are sealed onto the hash chain; one
-//! statement that creates the new streams, moves the others, inserts the events, moves the head and
-//! notifies; `COMMIT`. Every writer takes stream locks before the head, and creates streams only
-//! while holding the head, so there is no deadlock; if another instance created one of the batch's
-//! new streams in between, the batch is rolled back and redone. Positions are allocated under the
-//! head lock, so they are gapless and in commit order, and a reader that remembers the last
-//! position it saw never skips an event (the trap that sequence-based stores fall into).
+//! one appender task (group commit) on a dedicated connection.
+//!
+//! A batch is decided in memory on what the writer's last batches told it (the head, the versions
+//! of the streams they touched): the accepted events are sealed onto the hash chain and handed to
+//! `opledger_append` (migration 3, [`assumed`], ADR 0015), which locks the touched streams that
+//! exist, in sorted order, then the head row, checks that knowledge and writes. Without inline
+//! read models or attachments that call is the whole transaction: one round trip. When the
+//! knowledge is stale (another instance appended), nothing is written and the batch is decided
+//! again on what the function found.
+//!
+//! The locking path does the same in four round trips, reading before it decides: `BEGIN`; one
+//! statement that takes the same locks and reads the versions and the head; the decision (a loser
+//! is rejected before any position is allocated); one statement that creates the new streams,
+//! moves the others, inserts the events, moves the head and notifies; `COMMIT`. It serves a
+//! writer's first batch, knowledge that stays stale, and every batch whose calls would all be
+//! rejected, so a conflict is only ever answered from versions read under the locks.
+//!
+//! Every writer takes stream locks before the head, and creates or moves streams only while
+//! holding the head, so there is no deadlock, and what a writer reads after taking the head stays
+//! true until it commits. Positions are allocated under the head lock, so they are gapless and in
+//! commit order, and a reader that remembers the last position it saw never skips an event (the
+//! trap that sequence-based stores fall into).
 //! `LISTEN/NOTIFY` wakes readers; they still read by position.
 
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
@@ -34,6 +45,8 @@ use crate::inline::InlineProjections;
 use crate::model::{AppendRequest, Appended, Head, Position, StreamId, StreamVersion};
 use crate::read;
 use crate::store::{EventStore, HeadWatch};
+
+mod assumed;
 
 /// The schema migrations of the PostgreSQL backend, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -142,18 +155,29 @@ impl PgStore {
             .connect_lazy_with(connect.clone());
         let (head, _) = watch::channel(head.position);
         let listener = tokio::spawn(listen(connect.clone(), head.clone()));
+        // The writer's session settings. Every statement of a batch has an index path;
+        // `enable_seqscan = off` keeps its cached plan on it. Otherwise a generic plan made
+        // while the ledger was small (a sequential scan of `streams`) would stay as it grows,
+        // since nothing guarantees an ANALYZE (autovacuum may be off) to invalidate it.
+        let lock_timeout = format!("{}ms", options.lock_timeout.as_millis());
+        let writer_connect = connect.clone().options([
+            ("lock_timeout", lock_timeout.as_str()),
+            ("enable_seqscan", "off"),
+        ]);
+        // The connection that migrated (without these settings, so that instances starting
+        // together wait for each other's migration as long as it takes) goes on as the writer.
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SET lock_timeout = '{lock_timeout}'; SET enable_seqscan = off"
+        )))
+        .execute(&mut writer)
+        .await
+        .map_err(open_error)?;
         let writer = PgWriter {
-            connect,
+            connect: writer_connect,
             connection: Some(writer),
             inline: options.inline,
-            // Every statement of a batch has an index path; `enable_seqscan = off` keeps its
-            // cached plan on it. Otherwise a generic plan made while the ledger was small (a
-            // sequential scan of `streams`) would stay as it grows, since nothing guarantees an
-            // ANALYZE (autovacuum may be off) to invalidate it.
-            begin: format!(
-                "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL enable_seqscan = off",
-                options.lock_timeout.as_millis()
-            ),
+            known: assumed::Known::default(),
+            last_used: Instant::now(),
         };
         let appender = Appender::spawn(writer, head, options.group_commit);
         Ok(Self {
@@ -343,8 +367,10 @@ struct PgWriter {
     /// back whatever the failed batch had begun.
     connection: Option<PgConnection>,
     inline: InlineProjections,
-    /// `BEGIN` with this store's `lock_timeout`, on index paths.
-    begin: String,
+    /// What the last batches told this writer, which the next one assumes.
+    known: assumed::Known,
+    /// When the connection last answered.
+    last_used: Instant,
 }
 
 impl std::fmt::Debug for PgWriter {
@@ -356,6 +382,31 @@ impl std::fmt::Debug for PgWriter {
 }
 
 impl PgWriter {
+    /// One try on the writer's connection (a new one if it has none): on what the writer knows
+    /// if it can ([`assumed`]), else locking and reading first.
+    async fn write_once(
+        &mut self,
+        calls: &[Vec<AppendRequest>],
+    ) -> Result<BatchOutcome, BatchError> {
+        let connection = match &mut self.connection {
+            Some(connection) => connection,
+            None => {
+                let connection = self
+                    .connect
+                    .connect()
+                    .await
+                    .map_err(|e| BatchError::Failed(classify("reconnecting the writer", e)))?;
+                self.connection.insert(connection)
+            }
+        };
+        if let Some(outcome) =
+            assumed::write(connection, &mut self.known, &self.inline, calls).await?
+        {
+            return Ok(outcome);
+        }
+        write_batch(connection, &mut self.known, &self.inline, calls).await
+    }
+
     /// The connection died while committing, so the batch may or may not be committed. Asks a
     /// new connection whether the batch's last event is there with its hash: then every caller
     /// gets its success; if it is not, nothing was written and they get `Unavailable`. If the
@@ -404,36 +455,31 @@ impl PgWriter {
 
 impl BatchWriter for PgWriter {
     async fn write(&mut self, calls: &[Vec<AppendRequest>]) -> Result<BatchOutcome, StoreError> {
-        let reused = self.connection.is_some();
-        let connection = match &mut self.connection {
-            Some(connection) => connection,
-            None => {
-                let connection = self
-                    .connect
-                    .connect()
-                    .await
-                    .map_err(|e| classify("reconnecting the writer", e))?;
-                self.connection.insert(connection)
-            }
-        };
-        let mut result = write_batch(connection, &self.begin, &self.inline, calls).await;
         // A connection that sat idle may have died meanwhile (a restarted server, a proxy's
-        // timeout): then the batch failed at its first statement, before anything was sent that
-        // could take effect. It is worth one more try on a new connection.
+        // timeout). A batch whose one call is its commit could not tell that from a lost
+        // answer, so such a connection is asked first.
+        if let Some(connection) = &mut self.connection
+            && self.last_used.elapsed() > IDLE_CHECK
+            && connection.ping().await.is_err()
+        {
+            self.connection = None;
+        }
+        let reused = self.connection.is_some();
+        let mut result = self.write_once(calls).await;
+        // The batch failed at its first statement, before anything was sent that could take
+        // effect: it is worth one more try on a new connection.
         if reused && matches!(&result, Err(BatchError::NotStarted(_))) {
             self.connection = None;
-            let connection = self
-                .connect
-                .connect()
-                .await
-                .map_err(|e| classify("reconnecting the writer", e))?;
-            let connection = self.connection.insert(connection);
-            result = write_batch(connection, &self.begin, &self.inline, calls).await;
+            result = self.write_once(calls).await;
         }
         match result {
-            Ok(outcome) => Ok(outcome),
+            Ok(outcome) => {
+                self.last_used = Instant::now();
+                Ok(outcome)
+            }
             Err(BatchError::Failed(error) | BatchError::NotStarted(error)) => {
                 self.connection = None;
+                self.known.forget_head();
                 Err(error)
             }
             Err(BatchError::CommitUnknown {
@@ -442,6 +488,7 @@ impl BatchWriter for PgWriter {
                 last,
             }) => {
                 self.connection = None;
+                self.known.forget_head();
                 self.confirm_commit(error, outcome, last).await
             }
         }
@@ -505,18 +552,22 @@ const WRITE: &str = "\
 /// between the batch's look and its write.
 const REDO_LIMIT: usize = 5;
 
-/// One group-commit batch in one transaction: begin, lock the existing streams and read their
-/// versions, decide every call, advance the head, write, commit.
+/// The longest a writer's connection sits idle before a batch checks that it still answers.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// One group-commit batch in one transaction that locks and reads before it decides: begin,
+/// lock the existing streams and read their versions, decide every call, advance the head,
+/// write, commit. What it read and wrote goes into `known`.
 async fn write_batch(
     connection: &mut PgConnection,
-    begin: &str,
+    known: &mut assumed::Known,
     inline: &InlineProjections,
     calls: &[Vec<AppendRequest>],
 ) -> Result<BatchOutcome, BatchError> {
     let streams = crate::batch::streams_of(calls);
     let ids: Vec<&str> = streams.iter().map(|s| s.as_str()).collect();
     for _ in 0..REDO_LIMIT {
-        sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
+        sqlx::raw_sql("BEGIN")
             .execute(&mut *connection)
             .await
             .map_err(|e| BatchError::NotStarted(classify("starting an append", e)))?;
@@ -527,6 +578,11 @@ async fn write_batch(
             .map_err(|e| classify("locking streams and the head", e))?;
         let (current, head, recorded_at) =
             decode_lock(&rows).map_err(|e| classify("locking streams and the head", e))?;
+        let read = streams.iter().map(|&s| {
+            let version = current.get(s).copied().unwrap_or(0);
+            (s.clone(), version)
+        });
+        known.learn(head, recorded_at, recorded_at, read);
 
         let plan = Plan::decide(calls, &current);
         if plan.event_count() == 0 {
@@ -592,21 +648,13 @@ async fn write_batch(
             .map_err(|e| classify("writing attachments", e))?;
 
         let last = sealed.new_head;
+        let written = sealed.streams.iter().map(|w| (w.stream.clone(), w.after));
+        known.learn(last, recorded_at, recorded_at, written);
         let outcome = BatchOutcome {
             results: sealed.results,
             head: Some(last.position),
         };
-        return match sqlx::raw_sql("COMMIT").execute(&mut *connection).await {
-            Ok(_) => Ok(outcome),
-            Err(error) => match classify("committing an append", error) {
-                error @ StoreError::Unavailable { .. } => Err(BatchError::CommitUnknown {
-                    error,
-                    outcome,
-                    last,
-                }),
-                error => Err(BatchError::Failed(error)),
-            },
-        };
+        return commit(connection, outcome, last).await;
     }
     Err(BatchError::Failed(StoreError::unavailable(
         "appending",
@@ -626,6 +674,25 @@ fn created_elsewhere(error: &sqlx::Error) -> bool {
                 Some("events_stream_id_version_key" | "streams_pkey")
             )
     })
+}
+
+/// Commits the batch's transaction; a lost answer leaves its outcome unknown.
+async fn commit(
+    connection: &mut PgConnection,
+    outcome: BatchOutcome,
+    last: Head,
+) -> Result<BatchOutcome, BatchError> {
+    match sqlx::raw_sql("COMMIT").execute(&mut *connection).await {
+        Ok(_) => Ok(outcome),
+        Err(error) => match classify("committing an append", error) {
+            error @ StoreError::Unavailable { .. } => Err(BatchError::CommitUnknown {
+                error,
+                outcome,
+                last,
+            }),
+            error => Err(BatchError::Failed(error)),
+        },
+    }
 }
 
 async fn rollback(connection: &mut PgConnection) -> Result<(), StoreError> {

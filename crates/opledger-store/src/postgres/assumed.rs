@@ -1,0 +1,318 @@
+//! The one-round-trip append (ADR 0015): the writer decides and seals a batch on what its own
+//! commits told it (the head, the time it recorded, the versions of the streams it wrote), and
+//! `opledger_append` (migration 3) checks that under the locks every append takes before it
+//! writes. If the writer's knowledge is stale, nothing is written, the function says what it
+//! found, and the batch is decided again on that.
+//!
+//! The decision stays the writer's pure [`Plan`], shared with SQLite; the server only checks and
+//! stores. A batch with neither inline read models nor attachments is the call alone: its own
+//! transaction, commit included, in one round trip. Otherwise the call opens the transaction the
+//! read models then write in, and after a stale answer it holds the locks, so the second
+//! decision is on exact versions.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::{BatchError, Columns, classify, retryable, rollback};
+use crate::backend::Either;
+use crate::batch::{Plan, streams_of};
+use crate::columns::{to_hash, to_i64, to_u64};
+use crate::error::StoreError;
+use crate::group_commit::BatchOutcome;
+use crate::inline::InlineProjections;
+use crate::model::{AppendRequest, Head, StreamId, StreamVersion, micros_to_datetime};
+
+/// The stream versions a writer remembers; past this many it forgets them all (the next
+/// batches learn the versions they need from stale answers).
+const REMEMBERED_STREAMS: usize = 100_000;
+
+/// How many times a batch is decided again on stale knowledge before it takes the locking path.
+const ATTEMPTS: usize = 2;
+
+const APPEND: &str = "\
+    SELECT written, found_versions, found_position, found_hash, found_at, clock \
+    FROM opledger_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                         $16, $17, $18, $19, $20, $21, $22)";
+
+/// What the writer's last answers from the server told it.
+#[derive(Debug, Default)]
+pub(super) struct Known {
+    /// The head after the last batch this writer saw committed, and the time it recorded.
+    head: Option<(Head, DateTime<Utc>)>,
+    /// The database clock as of the last answer, and when that answer arrived.
+    clock: Option<(DateTime<Utc>, Instant)>,
+    /// Versions of streams, as of the head (absent: assumed not to exist).
+    versions: HashMap<StreamId, StreamVersion>,
+}
+
+impl Known {
+    /// Forgets the head (after an error: the next batch locks and reads it again). The stream
+    /// versions are kept, since the server checks every one of them anyway.
+    pub(super) fn forget_head(&mut self) {
+        self.head = None;
+    }
+
+    /// Learns what a batch that held the locks found, or committed.
+    pub(super) fn learn(
+        &mut self,
+        head: Head,
+        at: DateTime<Utc>,
+        clock: DateTime<Utc>,
+        versions: impl IntoIterator<Item = (StreamId, StreamVersion)>,
+    ) {
+        if self.versions.len() > REMEMBERED_STREAMS {
+            self.versions.clear();
+        }
+        for (stream, version) in versions {
+            if version == 0 {
+                self.versions.remove(&stream);
+            } else {
+                self.versions.insert(stream, version);
+            }
+        }
+        self.head = Some((head, at));
+        self.clock = Some((clock, Instant::now()));
+    }
+
+    /// The time the next batch records: the database clock as last read plus the time since,
+    /// never earlier than the head's.
+    fn next_at(&self, head_at: DateTime<Utc>) -> DateTime<Utc> {
+        let estimate = self.clock.map(|(clock, read)| {
+            clock + TimeDelta::from_std(read.elapsed()).unwrap_or(TimeDelta::zero())
+        });
+        estimate.map_or(head_at, |estimate| estimate.max(head_at))
+    }
+}
+
+/// Appends `calls` on what `known` says; `Ok(None)` when the locking path must do it: the head
+/// is unknown, the knowledge stayed stale, or the batch would only be rejected (a conflict is
+/// answered only from versions read under the locks).
+pub(super) async fn write(
+    connection: &mut PgConnection,
+    known: &mut Known,
+    inline: &InlineProjections,
+    calls: &[Vec<AppendRequest>],
+) -> Result<Option<BatchOutcome>, BatchError> {
+    let touched = streams_of(calls);
+    let ids: Vec<&str> = touched.iter().map(|s| s.as_str()).collect();
+    let mut in_transaction = false;
+    for _ in 0..ATTEMPTS {
+        let Some((head, head_at)) = known.head else {
+            break;
+        };
+        let assumed: HashMap<StreamId, StreamVersion> = touched
+            .iter()
+            .filter_map(|&s| known.versions.get(s).map(|&v| (s.clone(), v)))
+            .collect();
+        let plan = Plan::decide(calls, &assumed);
+        if plan.event_count() == 0 {
+            if in_transaction {
+                // Decided on what this transaction read under its locks: exact.
+                rollback(connection).await?;
+                return Ok(Some(BatchOutcome {
+                    results: plan.into_rejections(),
+                    head: None,
+                }));
+            }
+            break;
+        }
+        // Stored with microseconds, as it is hashed.
+        let at = micros_to_datetime(known.next_at(head_at).timestamp_micros());
+        let sealed = plan.seal(head, at.timestamp_micros());
+        let side = crate::attachments::of(calls, &sealed.results);
+        let alone = inline.is_empty() && side.is_empty();
+        if !alone && !in_transaction {
+            sqlx::raw_sql("BEGIN")
+                .execute(&mut *connection)
+                .await
+                .map_err(|e| BatchError::NotStarted(classify("starting an append", e)))?;
+            in_transaction = true;
+        }
+        let columns = Columns::of(&sealed);
+        let versions: Vec<i64> = touched
+            .iter()
+            .map(|&s| to_i64(assumed.get(s).copied().unwrap_or(0)))
+            .collect();
+        let (created, moved): (Vec<_>, Vec<_>) = sealed.streams.iter().partition(|w| w.before == 0);
+        let answer = sqlx::query(AssertSqlSafe(APPEND))
+            .bind(&ids)
+            .bind(&versions)
+            .bind(to_i64(head.position))
+            .bind(&head.hash.as_bytes()[..])
+            .bind(at)
+            .bind(&columns.position)
+            .bind(&columns.stream_id)
+            .bind(&columns.version)
+            .bind(&columns.event_id)
+            .bind(&columns.event_type)
+            .bind(&columns.schema_version)
+            .bind(&columns.payload)
+            .bind(&columns.metadata)
+            .bind(&columns.prev_hash)
+            .bind(&columns.hash)
+            .bind(
+                created
+                    .iter()
+                    .map(|w| w.stream.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                created
+                    .iter()
+                    .map(|w| w.stream.category())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(created.iter().map(|w| to_i64(w.after)).collect::<Vec<_>>())
+            .bind(moved.iter().map(|w| w.stream.as_str()).collect::<Vec<_>>())
+            .bind(moved.iter().map(|w| to_i64(w.after)).collect::<Vec<_>>())
+            .bind(to_i64(sealed.new_head.position))
+            .bind(&sealed.new_head.hash.as_bytes()[..])
+            .fetch_one(&mut *connection)
+            .await;
+        let last = sealed.new_head;
+        let row = match answer {
+            Ok(row) => row,
+            // Inside a transaction nothing is committed before COMMIT.
+            Err(error) if in_transaction => {
+                return Err(BatchError::Failed(classify("appending", error)));
+            }
+            // Alone, the call is its own commit: a lost answer leaves the outcome unknown.
+            Err(error) if retryable(&error) => {
+                return Err(BatchError::CommitUnknown {
+                    error: classify("appending", error),
+                    outcome: BatchOutcome {
+                        results: sealed.results,
+                        head: Some(last.position),
+                    },
+                    last,
+                });
+            }
+            Err(error) => return Err(BatchError::Failed(classify("appending", error))),
+        };
+        let answer = match decode(&row) {
+            Ok(answer) => answer,
+            Err(error) if in_transaction => {
+                return Err(BatchError::Failed(classify("appending", error)));
+            }
+            // The call may have committed; the hash of its last event will tell.
+            Err(error) => {
+                return Err(BatchError::CommitUnknown {
+                    error: StoreError::storage("reading the append's answer", error),
+                    outcome: BatchOutcome {
+                        results: sealed.results,
+                        head: Some(last.position),
+                    },
+                    last,
+                });
+            }
+        };
+        if !answer.written {
+            known.learn(
+                answer.head,
+                answer.at,
+                answer.clock,
+                touched.iter().map(|&s| s.clone()).zip(answer.versions),
+            );
+            continue;
+        }
+        let versions = sealed.streams.iter().map(|w| (w.stream.clone(), w.after));
+        known.learn(last, at, answer.clock, versions);
+        let outcome = BatchOutcome {
+            results: sealed.results,
+            head: Some(last.position),
+        };
+        if !in_transaction {
+            return Ok(Some(outcome));
+        }
+        if !inline.is_empty() {
+            let events: Vec<_> = sealed.rows.iter().map(|row| row.link).collect();
+            for projection in inline {
+                projection
+                    .apply(Either::Postgres(&mut *connection), &events)
+                    .await
+                    .map_err(|e| crate::inline::failed(projection.name(), e, retryable))?;
+            }
+        }
+        crate::attachments::write(Either::Postgres(&mut *connection), &side)
+            .await
+            .map_err(|e| classify("writing attachments", e))?;
+        return super::commit(connection, outcome, last).await.map(Some);
+    }
+    if in_transaction {
+        rollback(connection).await?;
+    }
+    Ok(None)
+}
+
+/// One answer of `opledger_append`.
+struct Answer {
+    written: bool,
+    versions: Vec<StreamVersion>,
+    head: Head,
+    at: DateTime<Utc>,
+    clock: DateTime<Utc>,
+}
+
+fn decode(row: &sqlx::postgres::PgRow) -> Result<Answer, sqlx::Error> {
+    let versions: Option<Vec<i64>> = row.try_get(1)?;
+    Ok(Answer {
+        written: row.try_get(0)?,
+        versions: versions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| to_u64(v, "version"))
+            .collect::<Result<_, _>>()?,
+        head: Head {
+            position: to_u64(row.try_get(2)?, "last_position")?,
+            hash: to_hash(&row.try_get::<Vec<u8>, _>(3)?, "last_hash")?,
+        },
+        at: row.try_get(4)?,
+        clock: row.try_get(5)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_batch_never_records_an_earlier_time_than_the_head() {
+        let mut known = Known::default();
+        let head_at = Utc::now();
+        assert_eq!(known.next_at(head_at), head_at, "no clock read yet");
+        let behind = head_at - TimeDelta::seconds(5);
+        known.learn(
+            Head {
+                position: 1,
+                hash: crate::chain::Hash::GENESIS,
+            },
+            head_at,
+            behind,
+            [],
+        );
+        assert_eq!(known.next_at(head_at), head_at);
+        let ahead = head_at + TimeDelta::seconds(5);
+        known.clock = Some((ahead, Instant::now()));
+        assert!(known.next_at(head_at) >= ahead);
+    }
+
+    #[test]
+    fn versions_are_learned_and_a_missing_stream_is_forgotten() {
+        let mut known = Known::default();
+        let head = Head {
+            position: 3,
+            hash: crate::chain::Hash::GENESIS,
+        };
+        let a = StreamId::new("a-1").unwrap();
+        known.learn(head, Utc::now(), Utc::now(), [(a.clone(), 2)]);
+        assert_eq!(known.versions.get(&a), Some(&2));
+        known.learn(head, Utc::now(), Utc::now(), [(a.clone(), 0)]);
+        assert_eq!(known.versions.get(&a), None);
+        known.forget_head();
+        assert!(known.head.is_none());
+    }
+}
