@@ -623,3 +623,43 @@ async fn a_read_models_file_of_another_ledger_is_refused() {
     caught_up(&serving, &http, address).await;
     assert!(serving.terminate().await.success(), "{}", serving.stderr());
 }
+
+/// A read models' file that cannot be opened or written (here a folder stands where the file
+/// goes) stops the service at start with a message naming the file and what to do, rather than
+/// a bare "cannot reach the database"; the ledger itself is untouched and serves once the path
+/// is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_read_models_file_is_named_at_start() {
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let http = reqwest::Client::new();
+    let config = config(
+        dir.path(),
+        &dir.path().join("ledger.db"),
+        &telegram.base_url(),
+    );
+    let mut serving = serve(&config);
+    let address = serving.address().await;
+    assert_eq!(deliver(&http, address, 1).await, 200);
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+    let read_models = dir.path().join("ledger.read-models.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("ledger.read-models.db{suffix}")));
+    }
+    std::fs::create_dir(&read_models).expect("a folder where the file goes");
+    let mut serving = serve(&config);
+    let status = serving.exit().await;
+    assert!(!status.success());
+    let err = serving.stderr();
+    assert!(
+        err.contains("cannot open or write the read models' file")
+            && err.contains("ledger.read-models.db"),
+        "{err}"
+    );
+    std::fs::remove_dir(&read_models).expect("remove the folder");
+    let mut serving = serve(&config);
+    let address = serving.address().await;
+    caught_up(&serving, &http, address).await;
+    assert_eq!(deliver(&http, address, 1).await, 200, "a duplicate, still");
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+}

@@ -172,6 +172,17 @@ pub enum OpenError {
     )]
     ForeignReadModels { path: std::path::PathBuf },
 
+    /// The read models' file beside a SQLite ledger cannot be opened or written.
+    #[error(
+        "cannot open or write the read models' file {}: {source}; it must be a writable file in the ledger's folder (read models are rebuilt from the ledger, so a damaged one may be deleted)",
+        path.display()
+    )]
+    ReadModelsUnusable {
+        path: std::path::PathBuf,
+        #[source]
+        source: sqlx::Error,
+    },
+
     #[error("could not install the read model `{name}`: {source}")]
     Projection {
         name: &'static str,

@@ -83,8 +83,11 @@ pub(crate) async fn open(
             .after_release(|connection, _| Box::pin(crate::sqlite::ended_cleanly(connection)))
             .connect_with(connect.clone())
             .await
-            .map_err(open_error)?;
-        match bind(&pool, &ledger_id, empty).await? {
+            .map_err(|source| unusable(&path, source))?;
+        let binding = bind(&pool, &ledger_id, empty)
+            .await
+            .map_err(|source| unusable(&path, source))?;
+        match binding {
             Binding::Ours => return Ok((pool, path)),
             Binding::Foreign => {
                 pool.close().await;
@@ -103,7 +106,7 @@ pub(crate) async fn open(
                     match std::fs::remove_file(&file) {
                         Ok(()) => {}
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(open_error(sqlx::Error::Io(e))),
+                        Err(e) => return Err(unusable(&path, sqlx::Error::Io(e))),
                     }
                 }
                 discarded = true;
@@ -113,6 +116,15 @@ pub(crate) async fn open(
                 return Err(OpenError::ForeignReadModels { path });
             }
         }
+    }
+}
+
+/// The file cannot serve: not a database, not writable, or in a folder where it cannot be
+/// created.
+fn unusable(path: &Path, source: sqlx::Error) -> OpenError {
+    OpenError::ReadModelsUnusable {
+        path: path.to_owned(),
+        source,
     }
 }
 
@@ -127,21 +139,14 @@ enum Binding {
 }
 
 /// Reads (and, in a new file, records) the ledger the file on `pool` belongs to.
-async fn bind(pool: &SqlitePool, ledger_id: &[u8], empty: bool) -> Result<Binding, OpenError> {
-    let mut connection = pool.acquire().await.map_err(open_error)?;
-    let mut tx = connection
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(open_error)?;
-    sqlx::raw_sql(BINDING)
-        .execute(&mut *tx)
-        .await
-        .map_err(open_error)?;
+async fn bind(pool: &SqlitePool, ledger_id: &[u8], empty: bool) -> Result<Binding, sqlx::Error> {
+    let mut connection = pool.acquire().await?;
+    let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::raw_sql(BINDING).execute(&mut *tx).await?;
     let bound: Option<Vec<u8>> =
         sqlx::query_scalar("SELECT ledger_id FROM read_model_ledger WHERE id = 1")
             .fetch_optional(&mut *tx)
-            .await
-            .map_err(open_error)?;
+            .await?;
     let binding = match bound {
         Some(bound) if bound == ledger_id => Binding::Ours,
         Some(_) if empty => Binding::Stale,
@@ -150,12 +155,11 @@ async fn bind(pool: &SqlitePool, ledger_id: &[u8], empty: bool) -> Result<Bindin
             sqlx::query("INSERT INTO read_model_ledger (id, ledger_id) VALUES (1, $1)")
                 .bind(ledger_id)
                 .execute(&mut *tx)
-                .await
-                .map_err(open_error)?;
+                .await?;
             Binding::Ours
         }
     };
-    tx.commit().await.map_err(open_error)?;
+    tx.commit().await?;
     Ok(binding)
 }
 
