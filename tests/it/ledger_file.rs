@@ -9,7 +9,8 @@
 //!   missing;
 //! - the read models' own file (`ledger.read-models.db`, ADR 0014) deleted: the ledger keeps
 //!   taking updates, and after a restart the read models are rebuilt in a new file; a read
-//!   models' file of another ledger is refused.
+//!   models' file of another ledger is refused, one that cannot be opened is named at start;
+//! - a ledger of the release before that file: its read models are moved into it on start.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -22,7 +23,7 @@ use serde_json::Value;
 
 use crate::support::app::{SECRET, TOKEN, message_from};
 use crate::support::fake_telegram::FakeTelegram;
-use crate::support::serving::{PATIENCE, Serving, ledger_events, opledger, write_config};
+use crate::support::serving::{PATIENCE, Serving, ledger_events, opledger, run, write_config};
 use crate::support::{sqlite_url, stderr};
 
 /// A configuration with the ledger at `ledger`, one webhook bot whose Bot API is `api`, and an
@@ -662,4 +663,66 @@ async fn an_unusable_read_models_file_is_named_at_start() {
     caught_up(&serving, &http, address).await;
     assert_eq!(deliver(&http, address, 1).await, 200, "a duplicate, still");
     assert!(serving.terminate().await.success(), "{}", serving.stderr());
+}
+
+/// A ledger written by the release before ADR 0014 (`tests/fixtures/ledgers/`: made by that
+/// release's `opledger demo --ledger`, its asynchronous read models in the ledger's own file).
+/// This release moves them: it creates the read models' own file, rebuilds every one there with
+/// the rows the old release had, drops the old tables from the ledger's file, and the ledger
+/// itself is untouched (same events, its chain verifies), still deduplicating old updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_of_the_release_before_the_read_models_file_is_moved_on_start() {
+    const MOVED: [&str; 4] = [
+        "audit_trail",
+        "reconciliation_queue",
+        "user_operations",
+        "metrics",
+    ];
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let http = reqwest::Client::new();
+    let ledger = dir.path().join("ledger.db");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/ledgers/before-read-models-file.db");
+    std::fs::copy(&fixture, &ledger).expect("copy the old release's ledger");
+    let mut before = Vec::new();
+    for table in MOVED {
+        before.push(rows_in(&ledger, table).await);
+    }
+    assert!(
+        before.iter().all(|rows| *rows > 0),
+        "the fixture holds every moved read model: {before:?}"
+    );
+    let events_before = ledger_events(&ledger).await;
+    let config = config(dir.path(), &ledger, &telegram.base_url());
+    let mut serving = serve(&config);
+    let address = serving.address().await;
+    caught_up(&serving, &http, address).await;
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+
+    let read_models = dir.path().join("ledger.read-models.db");
+    for (table, rows) in MOVED.iter().zip(&before) {
+        assert_eq!(
+            rows_in(&read_models, table).await,
+            *rows,
+            "`{table}` rebuilt in the read models' file"
+        );
+        assert_eq!(
+            rows_in(&ledger, table).await,
+            0,
+            "`{table}` left the ledger's file"
+        );
+    }
+    assert_eq!(
+        ledger_events(&ledger).await,
+        events_before,
+        "the ledger is untouched"
+    );
+    let mut verify = opledger(&[]);
+    verify
+        .arg("--database-url")
+        .arg(sqlite_url(&ledger))
+        .args(["audit", "verify"]);
+    let verified = run(verify).await;
+    assert!(verified.status.success(), "{}", stderr(&verified));
 }

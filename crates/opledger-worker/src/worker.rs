@@ -240,7 +240,11 @@ impl Worker {
         loop {
             let now = inner.ops.now();
             let mut queued = 0usize;
-            if queue.len() < capacity {
+            // Whether some operation is due now that this loop left alone (in hand, resting, or
+            // no room in the queue): then the earliest due time is now, and only a task's end or
+            // an append can change what there is to do.
+            let mut due_now = queue.len() >= capacity;
+            if !due_now {
                 match operation_status::due(
                     inner.ops.store().reader(),
                     now,
@@ -251,6 +255,7 @@ impl Worker {
                 .await
                 {
                     Ok(mut rows) => {
+                        due_now = !rows.is_empty();
                         spread(&inner.options.id, &mut rows);
                         for row in rows {
                             if queue.len() >= capacity {
@@ -284,7 +289,11 @@ impl Worker {
             if queued > 0 {
                 continue;
             }
-            let wait = self.idle_wait(now).await;
+            let wait = if due_now {
+                inner.options.idle_poll
+            } else {
+                self.idle_wait(now).await
+            };
             tokio::select! {
                 () = &mut shutdown => {
                     // Rows not started are given back; the tasks finish what they hold.
