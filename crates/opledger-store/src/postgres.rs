@@ -595,39 +595,20 @@ async fn write_batch(
 
         let sealed = plan.seal(head, recorded_at.timestamp_micros());
         let columns = Columns::of(&sealed);
-        let (new, existing): (Vec<_>, Vec<_>) = sealed.streams.iter().partition(|w| w.before == 0);
-        let new_ids: Vec<&str> = new.iter().map(|w| w.stream.as_str()).collect();
-        let new_categories: Vec<&str> = new.iter().map(|w| w.stream.category()).collect();
-        let new_versions: Vec<i64> = new.iter().map(|w| to_i64(w.after)).collect();
-        let existing_ids: Vec<&str> = existing.iter().map(|w| w.stream.as_str()).collect();
-        let existing_versions: Vec<i64> = existing.iter().map(|w| to_i64(w.after)).collect();
-        let written = sqlx::query_scalar::<_, i64>(WRITE)
-            .bind(&columns.position)
-            .bind(&columns.stream_id)
-            .bind(&columns.version)
-            .bind(&columns.event_id)
-            .bind(&columns.event_type)
-            .bind(&columns.schema_version)
-            .bind(&columns.payload)
-            .bind(&columns.metadata)
-            .bind(&columns.prev_hash)
-            .bind(&columns.hash)
-            .bind(recorded_at)
-            .bind(&new_ids)
-            .bind(&new_categories)
-            .bind(&new_versions)
-            .bind(&existing_ids)
-            .bind(&existing_versions)
+        let query = columns.bind_events(sqlx::query(WRITE)).bind(recorded_at);
+        let written = columns
+            .bind_streams(query)
             .bind(&sealed.new_head.hash.as_bytes()[..])
             .bind(to_i64(sealed.new_head.position))
             .fetch_one(&mut *connection)
-            .await;
+            .await
+            .and_then(|row| row.try_get::<i64, _>(0));
         let created = match written {
             Ok(created) => created,
             Err(error) if created_elsewhere(&error) => -1,
             Err(error) => return Err(classify("writing events", error).into()),
         };
-        if created != new_ids.len() as i64 {
+        if created != columns.created_id.len() as i64 {
             // Another instance created one of these streams after this batch looked (its
             // snapshot predates that commit): the decisions are stale, so decide again.
             rollback(connection).await?;
@@ -750,7 +731,10 @@ fn decode_lock(rows: &[PgRow]) -> Result<Locked, sqlx::Error> {
     Ok((versions, head, recorded_at))
 }
 
-/// The batch's events as one array per column, for `unnest`.
+/// A statement of the writer, before its parameters are bound.
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The batch's events and streams as one array per column, for `unnest`.
 struct Columns<'a> {
     position: Vec<i64>,
     stream_id: Vec<&'a str>,
@@ -762,6 +746,13 @@ struct Columns<'a> {
     metadata: Vec<&'a [u8]>,
     prev_hash: Vec<&'a [u8]>,
     hash: Vec<&'a [u8]>,
+    /// The streams the batch creates: id, category, version.
+    created_id: Vec<&'a str>,
+    created_type: Vec<&'a str>,
+    created_version: Vec<i64>,
+    /// The existing streams it moves, and their new versions.
+    moved_id: Vec<&'a str>,
+    moved_version: Vec<i64>,
 }
 
 impl<'a> Columns<'a> {
@@ -778,6 +769,11 @@ impl<'a> Columns<'a> {
             metadata: Vec::with_capacity(n),
             prev_hash: Vec::with_capacity(n),
             hash: Vec::with_capacity(n),
+            created_id: Vec::new(),
+            created_type: Vec::new(),
+            created_version: Vec::new(),
+            moved_id: Vec::new(),
+            moved_version: Vec::new(),
         };
         for row in &sealed.rows {
             let link = &row.link;
@@ -794,7 +790,42 @@ impl<'a> Columns<'a> {
             columns.prev_hash.push(&row.prev_hash.as_bytes()[..]);
             columns.hash.push(&row.hash.as_bytes()[..]);
         }
+        for stream in &sealed.streams {
+            if stream.before == 0 {
+                columns.created_id.push(stream.stream.as_str());
+                columns.created_type.push(stream.stream.category());
+                columns.created_version.push(to_i64(stream.after));
+            } else {
+                columns.moved_id.push(stream.stream.as_str());
+                columns.moved_version.push(to_i64(stream.after));
+            }
+        }
         columns
+    }
+
+    /// Binds the ten event columns, in the order the statements unnest them.
+    fn bind_events<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q> {
+        query
+            .bind(&self.position)
+            .bind(&self.stream_id)
+            .bind(&self.version)
+            .bind(&self.event_id)
+            .bind(&self.event_type)
+            .bind(&self.schema_version)
+            .bind(&self.payload)
+            .bind(&self.metadata)
+            .bind(&self.prev_hash)
+            .bind(&self.hash)
+    }
+
+    /// Binds the created streams' three columns, then the moved streams' two.
+    fn bind_streams<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q> {
+        query
+            .bind(&self.created_id)
+            .bind(&self.created_type)
+            .bind(&self.created_version)
+            .bind(&self.moved_id)
+            .bind(&self.moved_version)
     }
 }
 

@@ -137,38 +137,14 @@ pub(super) async fn write(
             .iter()
             .map(|&s| to_i64(assumed.get(s).copied().unwrap_or(0)))
             .collect();
-        let (created, moved): (Vec<_>, Vec<_>) = sealed.streams.iter().partition(|w| w.before == 0);
-        let answer = sqlx::query(AssertSqlSafe(APPEND))
+        let query = sqlx::query(AssertSqlSafe(APPEND))
             .bind(&ids)
             .bind(&versions)
             .bind(to_i64(head.position))
             .bind(&head.hash.as_bytes()[..])
-            .bind(at)
-            .bind(&columns.position)
-            .bind(&columns.stream_id)
-            .bind(&columns.version)
-            .bind(&columns.event_id)
-            .bind(&columns.event_type)
-            .bind(&columns.schema_version)
-            .bind(&columns.payload)
-            .bind(&columns.metadata)
-            .bind(&columns.prev_hash)
-            .bind(&columns.hash)
-            .bind(
-                created
-                    .iter()
-                    .map(|w| w.stream.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                created
-                    .iter()
-                    .map(|w| w.stream.category())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(created.iter().map(|w| to_i64(w.after)).collect::<Vec<_>>())
-            .bind(moved.iter().map(|w| w.stream.as_str()).collect::<Vec<_>>())
-            .bind(moved.iter().map(|w| to_i64(w.after)).collect::<Vec<_>>())
+            .bind(at);
+        let answer = columns
+            .bind_streams(columns.bind_events(query))
             .bind(to_i64(sealed.new_head.position))
             .bind(&sealed.new_head.hash.as_bytes()[..])
             .fetch_one(&mut *connection)
