@@ -1,18 +1,27 @@
 //! PostgreSQL-only behaviour: the ordering trap that sequence-based stores fall into, connections
 //! killed and the server restarted during appends, TRUNCATE, and the CLI on a PostgreSQL URL.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use chrono::{SubsecRound, TimeDelta, Utc};
+use opledger_domain::operation::{
+    Claimed, ExternalCallSent, OperationEvent, Received, RetryScheduled,
+};
+use opledger_domain::{Causation, EventMetadata, OperationId, fingerprint};
+use opledger_ledger::request;
+use opledger_projections::operation_status::OperationStatusRow;
 use opledger_store::{
-    AppendRequest, EventStore, ExpectedVersion, NewEvent, PgOptions, PgStore, StoreError, StreamId,
-    Tail,
+    AnyOptions, AnyStore, AppendRequest, EventStore, ExpectedVersion, NewEvent, PgOptions, PgStore,
+    StoreError, StreamId, Tail,
 };
 use serde_json::json;
 use sqlx::{Connection, Executor};
 
 use crate::conformance::{assert_consistent, assert_pairs_complete, pair_call};
+use crate::projections::{expected_status, status_rows};
 use crate::support::postgres::{PrivateCluster, TestDatabase};
 use crate::support::{opledger, stderr, stdout};
 
@@ -221,6 +230,160 @@ async fn a_writer_s_stale_knowledge_is_corrected_by_the_server() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(calls >= 4, "opledger_append was called {calls} times");
+    control.close().await.ok();
+}
+
+/// One step of operation `op-coupon-spring:1`, at the version `expected`.
+fn operation_step(expected: ExpectedVersion, event: OperationEvent) -> Vec<AppendRequest> {
+    let stream = StreamId::new("op-coupon-spring:1").unwrap();
+    let metadata = EventMetadata::caused_by(Causation::Worker {
+        worker: "test".to_owned(),
+    });
+    vec![request(stream, expected, &[event], &metadata).unwrap()]
+}
+
+fn claimed(worker: &str, attempt: u32) -> OperationEvent {
+    OperationEvent::Claimed(Claimed {
+        worker: worker.to_owned(),
+        // As the read model keeps it (microseconds), to compare rows with a fold of the events.
+        lease_until: (Utc::now() + TimeDelta::minutes(1)).trunc_subsecs(6),
+        attempt,
+    })
+}
+
+fn call_sent(worker: &str, attempt: u32) -> OperationEvent {
+    OperationEvent::ExternalCallSent(ExternalCallSent {
+        worker: worker.to_owned(),
+        attempt,
+        idempotency_key: OperationId::new("coupon", "spring:1").to_string(),
+    })
+}
+
+/// The last statement of every other session on this database that called the append
+/// function.
+async fn append_statements(control: &mut sqlx::PgConnection) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT query FROM pg_stat_activity WHERE datname = current_database() \
+         AND pid <> pg_backend_pid() AND query LIKE '%opledger_append%'",
+    )
+    .fetch_all(control)
+    .await
+    .unwrap()
+}
+
+/// `second` claims the operation at version `at` for `worker` behind `first`'s back; then
+/// `first`, whose knowledge is stale, records the call (decided again at the version after).
+/// Returns the rows, checked to be the fold of the stream.
+async fn claimed_elsewhere_then_sent(
+    first: &AnyStore,
+    second: &AnyStore,
+    at: u64,
+    worker: &str,
+    attempt: u32,
+) -> Vec<OperationStatusRow> {
+    let claim = operation_step(ExpectedVersion::Exact(at), claimed(worker, attempt));
+    second.append(claim).await.unwrap();
+    let sent = operation_step(ExpectedVersion::Any, call_sent(worker, attempt));
+    first.append(sent).await.unwrap();
+    let rows = status_rows(first).await;
+    assert_eq!(rows, expected_status(first).await, "the fold of the stream");
+    rows
+}
+
+/// With the inline read models, a writer that holds the `operation_status` row a batch
+/// continues (its own commit wrote it, at the version the batch continues from) sends the
+/// append and the row's upsert as one statement (ADR 0016). A row another instance moved since,
+/// or a row it planned for a batch the server refused, is never used: it reads the row again,
+/// and the row stays the fold of its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_rows_go_in_the_append_s_statement_and_never_outlive_their_version() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let inline = || AnyOptions {
+        inline: opledger_projections::inline(),
+        ..AnyOptions::default()
+    };
+    let first = AnyStore::open(database.url(), inline()).await.unwrap();
+    let second = AnyStore::open(database.url(), inline()).await.unwrap();
+    let mut control = database.connect().await;
+    control
+        .execute(
+            "CREATE TABLE refuse_claims (refuse boolean); \
+             CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.event_type = 'Claimed' AND EXISTS (SELECT 1 FROM refuse_claims) THEN \
+             RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER refuse_claims BEFORE INSERT ON events \
+             FOR EACH ROW EXECUTE FUNCTION refuse_claims()",
+        )
+        .await
+        .unwrap();
+    let params = BTreeMap::from([("campaign".to_owned(), "spring".to_owned())]);
+    let received = OperationEvent::Received(Received {
+        operation_id: OperationId::new("coupon", "spring:1"),
+        action: "coupon".to_owned(),
+        business_key: "spring:1".to_owned(),
+        fingerprint: fingerprint("coupon", &params),
+        params,
+        bot: "shop".to_owned(),
+        chat_id: Some(1),
+        user_id: Some(1),
+        update_id: 1,
+        message_date: None,
+        max_attempts: 3,
+    });
+    // A writer's first batch locks and reads the head; the next is planned.
+    first.append(one("misc-1", "Noted", 1)).await.unwrap();
+    first
+        .append(operation_step(ExpectedVersion::NoStream, received))
+        .await
+        .unwrap();
+    let last = append_statements(&mut control).await;
+    assert!(
+        last.iter().any(|q| q.starts_with("WITH appended")),
+        "the append and its read model's row went as one statement: {last:?}"
+    );
+
+    // The second instance claims the operation behind the first's back (version 2). The first
+    // holds the row at version 1, and its batch, decided again at version 3 after the server
+    // said its knowledge was stale, must continue the claimed row.
+    let rows = claimed_elsewhere_then_sent(&first, &second, 1, "second", 1).await;
+    assert_eq!(rows[0].worker.as_deref(), Some("second"), "{rows:?}");
+
+    // A batch planned on the row and then refused by the server leaves nothing behind: the row
+    // it planned (claimed by `first`, version 5) must not stand for the claim the second
+    // instance then records at version 5.
+    let retry = OperationEvent::RetryScheduled(RetryScheduled {
+        at: Utc::now(),
+        attempt: 1,
+        reason: "test".to_owned(),
+        same_key: false,
+    });
+    first
+        .append(operation_step(ExpectedVersion::Exact(3), retry))
+        .await
+        .unwrap();
+    control
+        .execute("INSERT INTO refuse_claims VALUES (true)")
+        .await
+        .unwrap();
+    let refused = first
+        .append(operation_step(
+            ExpectedVersion::Exact(4),
+            claimed("first", 2),
+        ))
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    control.execute("DELETE FROM refuse_claims").await.unwrap();
+    first.append(one("misc-2", "Noted", 2)).await.unwrap();
+    let rows = claimed_elsewhere_then_sent(&first, &second, 4, "other", 2).await;
+    assert_eq!(
+        (rows[0].worker.as_deref(), rows[0].version),
+        (Some("other"), 6),
+        "{rows:?}"
+    );
+    first.close().await;
+    second.close().await;
     control.close().await.ok();
 }
 

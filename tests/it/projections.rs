@@ -309,7 +309,7 @@ async fn assert_positions_replayed(store: &AnyStore) {
 }
 
 /// What a fresh replay of `operation_status` gives, by operation id.
-async fn expected_status(store: &AnyStore) -> Vec<OperationStatusRow> {
+pub(crate) async fn expected_status(store: &AnyStore) -> Vec<OperationStatusRow> {
     let events = all_events(store).await;
     let mut rows: HashMap<String, OperationStatusRow> = HashMap::new();
     for event in &events {
@@ -325,7 +325,7 @@ async fn expected_status(store: &AnyStore) -> Vec<OperationStatusRow> {
     rows
 }
 
-async fn status_rows(store: &AnyStore) -> Vec<OperationStatusRow> {
+pub(crate) async fn status_rows(store: &AnyStore) -> Vec<OperationStatusRow> {
     let mut rows = operation_status::list(
         store.reader(),
         &Filter {

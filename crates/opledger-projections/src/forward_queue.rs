@@ -11,9 +11,10 @@ use futures_util::future::BoxFuture;
 use opledger_domain::delivery::DeliveryEvent;
 use opledger_domain::{Delivery, DomainEvent};
 use opledger_store::chain::Link;
-use opledger_store::inline::{InlineProjection, ProjectionError};
+use opledger_store::inline::{InlineProjection, InlineWriter, Planned, ProjectionError};
 use opledger_store::{EitherRow, ReadPool, Time, either};
 use serde::Serialize;
+use sqlx::PgConnection;
 
 use crate::projection::{Backend, Conn, Definition, Projection, in_category};
 
@@ -240,6 +241,36 @@ impl InlineProjection for ForwardQueue {
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(apply(connection, NAME, events))
     }
+
+    fn writer(&self) -> Option<Box<dyn InlineWriter>> {
+        Some(Box::new(Planner))
+    }
+}
+
+/// A PostgreSQL writer's planner for the live table: a batch with nothing forwarded changes
+/// nothing here; one with forwarded updates takes the transaction (its statements read rows).
+#[derive(Debug)]
+struct Planner;
+
+impl InlineWriter for Planner {
+    fn plan<'a>(
+        &'a mut self,
+        _connection: &'a mut PgConnection,
+        events: &'a [Link<'a>],
+    ) -> BoxFuture<'a, Result<Planned, ProjectionError>> {
+        let forwarded = events
+            .iter()
+            .any(|link| in_category(link.stream_id, CATEGORY) && concerns(link));
+        Box::pin(std::future::ready(Ok(if forwarded {
+            Planned::Unknown
+        } else {
+            Planned::Nothing
+        })))
+    }
+
+    fn committed(&mut self) {}
+
+    fn discarded(&mut self) {}
 }
 
 impl Projection for ForwardQueue {

@@ -12,7 +12,9 @@ use futures_util::future::BoxFuture;
 use opledger_domain::operation::{OperationEvent, ReconcileOutcome, Status};
 use opledger_domain::{DomainEvent, Operation};
 use opledger_store::chain::Link;
-use opledger_store::inline::{InlineProjection, ProjectionError};
+use opledger_store::inline::{
+    InlineProjection, InlineWriter, PgQuery, PgWrite, Planned, ProjectionError,
+};
 use opledger_store::{EitherRow, ReadPool, TextList, Time, either};
 use serde::Serialize;
 use sqlx::PgConnection;
@@ -394,15 +396,7 @@ impl Statements {
                  value ->> 19 FROM jsonb_each($1) WHERE true \
                  ON CONFLICT (operation_id) DO UPDATE SET {UPDATED}"
             ),
-            // One typed array per column: no JSON to build or parse.
-            postgres_upsert: format!(
-                "INSERT INTO {table} ({COLUMNS}) SELECT * FROM unnest($1::text[], $2::text[], \
-                 $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::text[], \
-                 $9::int4[], $10::text[], $11::timestamptz[], $12::timestamptz[], $13::text[], \
-                 $14::text[], $15::text[], $16::int4[], $17::timestamptz[], $18::timestamptz[], \
-                 $19::int8[], $20::int8[]) \
-                 ON CONFLICT (operation_id) DO UPDATE SET {UPDATED}"
-            ),
+            postgres_upsert: postgres_upsert(&table, 1, "true"),
         }
     }
 
@@ -412,6 +406,43 @@ impl Statements {
             Backend::Postgres => &self.postgres_select,
         }
     }
+}
+
+/// The PostgreSQL upsert of rows given as one typed array per column (no JSON to build or
+/// parse), its parameters numbered from `$first`, writing where the SQL condition `when` holds.
+fn postgres_upsert(table: &str, first: usize, when: &str) -> String {
+    const TYPES: [&str; 20] = [
+        "text",
+        "text",
+        "text",
+        "text",
+        "text",
+        "int8",
+        "int8",
+        "text",
+        "int4",
+        "text",
+        "timestamptz",
+        "timestamptz",
+        "text",
+        "text",
+        "text",
+        "int4",
+        "timestamptz",
+        "timestamptz",
+        "int8",
+        "int8",
+    ];
+    let arrays: Vec<String> = TYPES
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("${}::{t}[]", first + i))
+        .collect();
+    format!(
+        "INSERT INTO {table} ({COLUMNS}) SELECT * FROM unnest({}) WHERE {when} \
+         ON CONFLICT (operation_id) DO UPDATE SET {UPDATED}",
+        arrays.join(", ")
+    )
 }
 
 /// The statements for the live table, which the store runs inside every append: made once.
@@ -466,8 +497,16 @@ async fn upsert_postgres(
     upsert: &str,
     rows: &[OperationStatusRow],
 ) -> Result<(), sqlx::Error> {
+    bind_rows(sqlx::query(sqlx::AssertSqlSafe(upsert)), rows)
+        .execute(connection)
+        .await?;
+    Ok(())
+}
+
+/// Binds `rows` as the upsert's twenty arrays, in column order.
+fn bind_rows<'q>(query: PgQuery<'q>, rows: &'q [OperationStatusRow]) -> PgQuery<'q> {
     let c = PgColumns::of(rows);
-    sqlx::query(sqlx::AssertSqlSafe(upsert))
+    query
         .bind(c.operation_id)
         .bind(c.stream_id)
         .bind(c.action)
@@ -488,9 +527,6 @@ async fn upsert_postgres(
         .bind(c.updated_at)
         .bind(c.version)
         .bind(c.last_position)
-        .execute(connection)
-        .await?;
-    Ok(())
 }
 
 /// Rows as one array per column, for PostgreSQL's `unnest`.
@@ -574,6 +610,121 @@ impl InlineProjection for OperationStatus {
         events: &'a [Link<'a>],
     ) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(apply(connection, live(), events))
+    }
+
+    fn writer(&self) -> Option<Box<dyn InlineWriter>> {
+        Some(Box::<Planner>::default())
+    }
+}
+
+/// How many rows a writer's planner holds at most; past that it forgets them all (the next
+/// batches read the rows they continue).
+const HELD_ROWS: usize = 20_000;
+
+/// A PostgreSQL writer's planner for the live table (ADR 0016): the rows its committed batches
+/// wrote, by stream, each as of the stream version it was written at. A batch that continues a
+/// stream whose row it holds at the version the batch continues from needs no read; one it does
+/// not hold is read first (outside the transaction, and used only at that version).
+#[derive(Debug, Default)]
+struct Planner {
+    rows: HashMap<String, OperationStatusRow>,
+    /// What the last plan wrote, until the writer says whether it committed.
+    planned: Vec<OperationStatusRow>,
+}
+
+impl Planner {
+    async fn plan_batch(
+        &mut self,
+        connection: &mut PgConnection,
+        events: &[Link<'_>],
+    ) -> Result<Planned, ProjectionError> {
+        self.planned.clear();
+        let batch = operation_events(events);
+        if batch.is_empty() {
+            return Ok(Planned::Nothing);
+        }
+        // The version each continued stream must have been at for the batch to follow it.
+        let continued: HashMap<&str, u64> = batch
+            .iter()
+            .filter(|(_, links)| links.first().is_some_and(|l| l.event_type != "Received"))
+            .map(|(stream, links)| (*stream, links[0].version.saturating_sub(1)))
+            .collect();
+        let mut stored = HashMap::new();
+        let mut unknown = Vec::new();
+        for (&stream, &version) in &continued {
+            match self.rows.get(stream) {
+                Some(row) if row.version == version => {
+                    stored.insert(stream.to_owned(), row.clone());
+                }
+                _ => unknown.push(stream),
+            }
+        }
+        if !unknown.is_empty() {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(live().postgres_select.as_str()))
+                .bind(TextList(&unknown))
+                .try_map(|row| decode_row(&row))
+                .fetch_all(&mut *connection)
+                .await?;
+            for row in rows {
+                if continued.get(row.stream_id.as_str()) != Some(&row.version) {
+                    // The stream moved elsewhere (another instance): the append will say so.
+                    return Ok(Planned::Unknown);
+                }
+                stored.insert(row.stream_id.clone(), row);
+            }
+            if stored.len() < continued.len() {
+                // A row is missing: the transaction's fold reports it.
+                return Ok(Planned::Unknown);
+            }
+        }
+        let rows = fold(batch, stored)?;
+        self.planned.clone_from(&rows);
+        Ok(Planned::Write(Box::new(PlannedRows(rows))))
+    }
+}
+
+impl InlineWriter for Planner {
+    fn plan<'a>(
+        &'a mut self,
+        connection: &'a mut PgConnection,
+        events: &'a [Link<'a>],
+    ) -> BoxFuture<'a, Result<Planned, ProjectionError>> {
+        Box::pin(self.plan_batch(connection, events))
+    }
+
+    fn committed(&mut self) {
+        if self.rows.len() + self.planned.len() > HELD_ROWS {
+            self.rows.clear();
+        }
+        for row in self.planned.drain(..) {
+            // A settled operation with nothing due is not expected to move again.
+            if row.is_settled() && row.due_at.is_none() {
+                self.rows.remove(&row.stream_id);
+            } else {
+                self.rows.insert(row.stream_id.clone(), row);
+            }
+        }
+    }
+
+    fn discarded(&mut self) {
+        self.planned.clear();
+    }
+}
+
+/// Rows planned for the live table, written in the append's statement.
+struct PlannedRows(Vec<OperationStatusRow>);
+
+impl PgWrite for PlannedRows {
+    fn statement(&self, first: usize, written: &str) -> String {
+        postgres_upsert(&crate::db::quoted(NAME), first, written)
+    }
+
+    fn parameters(&self) -> usize {
+        20
+    }
+
+    fn bind<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q> {
+        bind_rows(query, &self.0)
     }
 }
 

@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use crate::db::{self, quoted};
 use crate::error::ProjectorError;
 use crate::projection::{Backend, Conn, Projection, definition_hash};
-use crate::registry::{self, State, index_prefix, table_name};
+use crate::registry::{self, RegistryError, State, index_prefix, table_name};
 
 /// How a rebuild runs.
 #[derive(Clone, Debug)]
@@ -230,7 +230,18 @@ async fn rebuild_on(
     }
 
     state.report(store, Phase::Flipping, progress).await?;
-    let position = flip(conn, store, projection, &mut state, options).await?;
+    let mut attempt = 0;
+    let position = loop {
+        match flip(conn, store, projection, &mut state, options).await {
+            // It gave way to appends (see `flip`): try again, a little later each time.
+            Err(error) if gave_way(&error) && attempt < FLIP_ATTEMPTS => {
+                attempt += 1;
+                tracing::debug!(projection = name, attempt, "the flip gave way to appends");
+                tokio::time::sleep(Duration::from_millis(10 * attempt)).await;
+            }
+            result => break result?,
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     tracing::info!(
         projection = name,
@@ -379,10 +390,34 @@ async fn begin_version(
     Ok((version, 0))
 }
 
+/// How many times a flip that gave way to appends is tried again before the rebuild fails.
+const FLIP_ATTEMPTS: u64 = 50;
+
+/// How long a flip of an inline projection on PostgreSQL waits for any lock before it gives
+/// way: far below the server's `deadlock_timeout`, so an append is never the one chosen.
+const FLIP_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '100ms'";
+
+/// Whether a flip failed because it waited too long for a lock (`lock_not_available`).
+fn gave_way(error: &ProjectorError) -> bool {
+    let database = match error {
+        ProjectorError::Database(e) | ProjectorError::Registry(RegistryError::Database(e)) => e,
+        _ => return false,
+    };
+    database
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "55P03")
+}
+
 /// The flip: in one transaction, apply the events left up to the head (holding the ledger's
 /// write lock for an inline projection), retire the active version and drop its tables, rename
 /// the new version's tables to the projection's name, and mark it active. Returns the position
 /// the new active version reflects.
+///
+/// On PostgreSQL an inline projection's live tables are locked before the ledger's head, in the
+/// order an append that writes them in its own statement takes them (ADR 0016). An append that
+/// took the head first (in a transaction) may then wait for the tables the flip holds: the flip
+/// waits at most [`FLIP_LOCK_TIMEOUT`] for any lock, gives way, and is tried again.
 async fn flip(
     conn: &mut OwnedConn,
     store: &AnyStore,
@@ -393,7 +428,14 @@ async fn flip(
     let name = projection.name();
     let runner = options.runner.as_str();
     let mut txn = db::begin_on(conn.conn()).await?;
+    let postgres_inline = projection.inline() && txn.conn().backend() == Backend::Postgres;
+    if postgres_inline {
+        raw(txn.conn(), FLIP_LOCK_TIMEOUT).await?;
+    }
     registry::lock_registry(txn.conn()).await?;
+    if postgres_inline {
+        lock_live_tables(txn.conn(), projection, name).await?;
+    }
     // (An asynchronous projection's file has no ledger head: any head read now will do, its
     // runner goes on from wherever the flip leaves it.)
     let head = if projection.inline() {
@@ -404,6 +446,7 @@ async fn flip(
     // With the write lock held no append commits, so reading the events left through the
     // store's readers sees them all.
     let mut position = state.position;
+    let mut events = 0;
     while position < head {
         let limit = usize::try_from(head - position)
             .unwrap_or(usize::MAX)
@@ -426,7 +469,7 @@ async fn flip(
         else {
             return Err(state.superseded());
         };
-        state.events += at - position;
+        events += at - position;
         position = at;
     }
     if registry::hold(txn.conn(), name, state.version, State::Building)
@@ -472,7 +515,34 @@ async fn flip(
     }
     txn.commit().await?;
     state.position = position;
+    state.events += events;
     Ok(position)
+}
+
+/// Locks the live tables of `projection` (those that exist) against every other use until the
+/// transaction ends.
+async fn lock_live_tables(
+    mut conn: Conn<'_>,
+    projection: &dyn Projection,
+    name: &str,
+) -> Result<(), ProjectorError> {
+    let Conn::Postgres(c) = conn.reborrow() else {
+        return Ok(());
+    };
+    for suffix in projection.tables() {
+        let table = quoted(&format!("{name}{suffix}"));
+        let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+            .bind(&table)
+            .fetch_one(&mut *c)
+            .await?;
+        if exists.is_some() {
+            let lock = format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(lock))
+                .execute(&mut *c)
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// What a targeted rebuild did.

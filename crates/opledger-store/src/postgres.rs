@@ -41,7 +41,7 @@ use crate::batch::{Plan, Sealed};
 use crate::columns::{to_hash, to_i64, to_stream_id, to_u64};
 use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions, advance};
-use crate::inline::InlineProjections;
+use crate::inline::{InlineProjections, PgQuery};
 use crate::model::{AppendRequest, Appended, Head, Position, StreamId, StreamVersion};
 use crate::read;
 use crate::store::{EventStore, HeadWatch};
@@ -175,6 +175,7 @@ impl PgStore {
         let writer = PgWriter {
             connect: writer_connect,
             connection: Some(writer),
+            planners: assumed::Planners::of(&options.inline),
             inline: options.inline,
             known: assumed::Known::default(),
             last_used: Instant::now(),
@@ -369,6 +370,8 @@ struct PgWriter {
     inline: InlineProjections,
     /// What the last batches told this writer, which the next one assumes.
     known: assumed::Known,
+    /// The inline read models' planners, which put their writes in the append's statement.
+    planners: assumed::Planners,
     /// When the connection last answered.
     last_used: Instant,
 }
@@ -399,8 +402,14 @@ impl PgWriter {
                 self.connection.insert(connection)
             }
         };
-        if let Some(outcome) =
-            assumed::write(connection, &mut self.known, &self.inline, calls).await?
+        if let Some(outcome) = assumed::write(
+            connection,
+            &mut self.known,
+            &self.inline,
+            &mut self.planners,
+            calls,
+        )
+        .await?
         {
             return Ok(outcome);
         }
@@ -552,8 +561,11 @@ const WRITE: &str = "\
 /// between the batch's look and its write.
 const REDO_LIMIT: usize = 5;
 
-/// The longest a writer's connection sits idle before a batch checks that it still answers.
-const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// The longest a writer's connection sits idle before a batch checks that it still answers: a
+/// batch that is one statement cannot tell a connection that died while idle (a restarted
+/// server) from a lost answer. Under load batches follow each other closer than this and pay
+/// nothing; a sparse one pays a round trip.
+const IDLE_CHECK: Duration = Duration::from_millis(50);
 
 /// One group-commit batch in one transaction that locks and reads before it decides: begin,
 /// lock the existing streams and read their versions, decide every call, advance the head,
@@ -730,9 +742,6 @@ fn decode_lock(rows: &[PgRow]) -> Result<Locked, sqlx::Error> {
     let (head, recorded_at) = head.ok_or(sqlx::Error::RowNotFound)?;
     Ok((versions, head, recorded_at))
 }
-
-/// A statement of the writer, before its parameters are bound.
-type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// The batch's events and streams as one array per column, for `unnest`.
 struct Columns<'a> {

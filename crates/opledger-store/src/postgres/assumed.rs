@@ -20,10 +20,11 @@ use sqlx::{AssertSqlSafe, Row};
 use super::{BatchError, Columns, classify, retryable, rollback};
 use crate::backend::Either;
 use crate::batch::{Plan, streams_of};
+use crate::chain::Link;
 use crate::columns::{to_hash, to_i64, to_u64};
 use crate::error::StoreError;
 use crate::group_commit::BatchOutcome;
-use crate::inline::InlineProjections;
+use crate::inline::{InlineProjections, InlineWriter, PgWrite, Planned};
 use crate::model::{AppendRequest, Head, StreamId, StreamVersion, micros_to_datetime};
 
 /// The stream versions a writer remembers; past this many it forgets them all (the next
@@ -32,6 +33,9 @@ const REMEMBERED_STREAMS: usize = 100_000;
 
 /// How many times a batch is decided again on stale knowledge before it takes the locking path.
 const ATTEMPTS: usize = 2;
+
+/// How many parameters [`APPEND`] has.
+const APPEND_PARAMETERS: usize = 22;
 
 const APPEND: &str = "\
     SELECT written, found_versions, found_position, found_hash, found_at, clock \
@@ -95,6 +99,7 @@ pub(super) async fn write(
     connection: &mut PgConnection,
     known: &mut Known,
     inline: &InlineProjections,
+    planners: &mut Planners,
     calls: &[Vec<AppendRequest>],
 ) -> Result<Option<BatchOutcome>, BatchError> {
     let touched = streams_of(calls);
@@ -124,7 +129,15 @@ pub(super) async fn write(
         let at = micros_to_datetime(known.next_at(head_at).timestamp_micros());
         let sealed = plan.seal(head, at.timestamp_micros());
         let side = crate::attachments::of(calls, &sealed.results);
-        let alone = inline.is_empty() && side.is_empty();
+        let events: Vec<Link<'_>> = sealed.rows.iter().map(|row| row.link).collect();
+        // The read models' writes, planned to run in the call's statement, when nothing else
+        // needs the transaction (ADR 0016).
+        let planned = if in_transaction || !side.is_empty() || inline.is_empty() {
+            None
+        } else {
+            planners.plan(connection, &events).await
+        };
+        let alone = (inline.is_empty() || planned.is_some()) && side.is_empty();
         if !alone && !in_transaction {
             sqlx::raw_sql("BEGIN")
                 .execute(&mut *connection)
@@ -137,19 +150,35 @@ pub(super) async fn write(
             .iter()
             .map(|&s| to_i64(assumed.get(s).copied().unwrap_or(0)))
             .collect();
-        let query = sqlx::query(AssertSqlSafe(APPEND))
+        let writes = planned.as_deref().unwrap_or_default();
+        let statement = planners.statement(writes);
+        let query = sqlx::query(AssertSqlSafe(statement.as_str()))
             .bind(&ids)
             .bind(&versions)
             .bind(to_i64(head.position))
             .bind(&head.hash.as_bytes()[..])
             .bind(at);
-        let answer = columns
+        let query = columns
             .bind_streams(columns.bind_events(query))
             .bind(to_i64(sealed.new_head.position))
-            .bind(&sealed.new_head.hash.as_bytes()[..])
+            .bind(&sealed.new_head.hash.as_bytes()[..]);
+        let answer = writes
+            .iter()
+            .fold(query, |query, (_, write)| write.bind(query))
             .fetch_one(&mut *connection)
             .await;
         let last = sealed.new_head;
+        let written = answer
+            .as_ref()
+            .ok()
+            .and_then(|row| row.try_get::<bool, _>(0).ok())
+            == Some(true);
+        // What was planned is the read models' state only once the statement committed.
+        if planned.is_some() && written {
+            planners.committed();
+        } else {
+            planners.discarded();
+        }
         let row = match answer {
             Ok(row) => row,
             // Inside a transaction nothing is committed before COMMIT.
@@ -205,7 +234,6 @@ pub(super) async fn write(
             return Ok(Some(outcome));
         }
         if !inline.is_empty() {
-            let events: Vec<_> = sealed.rows.iter().map(|row| row.link).collect();
             for projection in inline {
                 projection
                     .apply(Either::Postgres(&mut *connection), &events)
@@ -222,6 +250,97 @@ pub(super) async fn write(
         rollback(connection).await?;
     }
     Ok(None)
+}
+
+/// The inline read models' planners (ADR 0016), when every read model has one: then a batch
+/// that all of them can plan is one statement, the call with their writes beside it.
+#[derive(Debug)]
+pub(super) struct Planners {
+    writers: Option<Vec<Box<dyn InlineWriter>>>,
+    /// The statements made so far, by which planners write in them (a bit per planner).
+    statements: HashMap<u64, std::sync::Arc<String>>,
+}
+
+/// A planner's writes for one batch, with the planner's index.
+type Writes = Vec<(usize, Box<dyn PgWrite>)>;
+
+impl Planners {
+    pub(super) fn of(inline: &InlineProjections) -> Self {
+        let writers = if inline.is_empty() || inline.len() > 64 {
+            None
+        } else {
+            inline
+                .iter()
+                .map(|projection| projection.writer())
+                .collect()
+        };
+        Planners {
+            writers,
+            statements: HashMap::new(),
+        }
+    }
+
+    /// The writes of every planner that has some, or `None` when one of them cannot plan the
+    /// batch (it then takes the transaction, where the read models read what they need).
+    async fn plan(&mut self, connection: &mut PgConnection, events: &[Link<'_>]) -> Option<Writes> {
+        let writers = self.writers.as_mut()?;
+        let mut writes = Vec::new();
+        for (index, writer) in writers.iter_mut().enumerate() {
+            match writer.plan(&mut *connection, events).await {
+                Ok(Planned::Nothing) => {}
+                Ok(Planned::Write(write)) => writes.push((index, write)),
+                Ok(Planned::Unknown) => return self.give_up(),
+                Err(error) => {
+                    // The transaction's own read and fold meet (and report) the same problem.
+                    tracing::debug!(%error, "an inline read model could not plan a batch");
+                    return self.give_up();
+                }
+            }
+        }
+        Some(writes)
+    }
+
+    fn give_up(&mut self) -> Option<Writes> {
+        self.discarded();
+        None
+    }
+
+    fn committed(&mut self) {
+        for writer in self.writers.iter_mut().flatten() {
+            writer.committed();
+        }
+    }
+
+    fn discarded(&mut self) {
+        for writer in self.writers.iter_mut().flatten() {
+            writer.discarded();
+        }
+    }
+
+    /// The call alone, or the call with `writes` run after it, each only if it wrote.
+    fn statement(&mut self, writes: &[(usize, Box<dyn PgWrite>)]) -> std::sync::Arc<String> {
+        let key = writes.iter().fold(0u64, |key, (index, _)| key | 1 << index);
+        self.statements
+            .entry(key)
+            .or_insert_with(|| {
+                if writes.is_empty() {
+                    return std::sync::Arc::new(APPEND.to_owned());
+                }
+                let mut sql = format!("WITH appended AS MATERIALIZED ({APPEND})");
+                let mut next = APPEND_PARAMETERS + 1;
+                for (index, write) in writes {
+                    let part = write.statement(next, "(SELECT written FROM appended)");
+                    sql.push_str(&format!(", inline_{index} AS ({part})"));
+                    next += write.parameters();
+                }
+                sql.push_str(
+                    " SELECT written, found_versions, found_position, found_hash, found_at, \
+                     clock FROM appended",
+                );
+                std::sync::Arc::new(sql)
+            })
+            .clone()
+    }
 }
 
 /// One answer of `opledger_append`.
