@@ -1,9 +1,11 @@
 //! Load benchmark of `opledger serve`: distinct Telegram updates (each a `/coupon` command from
 //! another user, so each starts an operation) POSTed to the real binary's webhook by 64
-//! concurrent senders for 20 s, then paced at a quarter of the rate reached; on SQLite
+//! concurrent senders for 20 s, then paced at a quarter of the rate reached (with the worker's
+//! backlog, the operations it has not taken up yet, at that phase's start and end); on SQLite
 //! (`synchronous=FULL`) and on PostgreSQL; for each of four ways of running `serve` (intake
 //! alone, with the worker, with the asynchronous read models, everything), each on a fresh
-//! ledger, with the read models' lag at the end. The raw one-row-per-transaction SQLite insert
+//! ledger, with the read models' lag at the end. The bot's Bot API is a fake on loopback that
+//! answers every reply at once. The raw one-row-per-transaction SQLite insert
 //! rate of the store benchmark is measured in the same run. Prints one table of every phase and,
 //! per backend, the variants side by side.
 //!
@@ -60,15 +62,50 @@ const VARIANTS: [(&str, &[&str]); 4] = [
     ("everything (default)", &[]),
 ];
 
-/// `opledger serve` (with `args`) with bot `shop` and the coupon action, on `storage_url`; its
-/// webhook URL.
-fn start(dir: &std::path::Path, storage_url: &str, args: &[&str]) -> (serving::Service, String) {
+/// A Bot API on loopback that accepts every call (each `sendMessage` gets a new message id), so
+/// that the worker's replies are answered at once and never leave the machine; its base URL.
+async fn fake_bot_api() -> String {
+    let sent = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().route(
+        "/{bot}/{method}",
+        axum::routing::any(move || {
+            let id = sent.fetch_add(1, Ordering::Relaxed) + 1;
+            async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    format!(
+                        r#"{{"ok":true,"result":{{"message_id":{id},"date":0,"chat":{{"id":1,"type":"private"}}}}}}"#
+                    ),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the fake Bot API");
+    let addr = listener.local_addr().expect("the fake Bot API's address");
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .await
+            .expect("the fake Bot API serves");
+    });
+    format!("http://{addr}")
+}
+
+/// `opledger serve` (with `args`) with bot `shop` (its Bot API at `api`) and the coupon action,
+/// on `storage_url`; its webhook URL.
+fn start(
+    dir: &std::path::Path,
+    storage_url: &str,
+    api: &str,
+    args: &[&str],
+) -> (serving::Service, String) {
     let service = serving::Service::start_with(
         dir,
         &format!(
             "[storage]\nurl = \"{storage_url}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
              [[bots]]\nname = \"shop\"\ntoken_env = \"LOAD_TOKEN\"\n\
-             webhook_secret_env = \"LOAD_SECRET\"\n\
+             webhook_secret_env = \"LOAD_SECRET\"\napi_base_url = \"{api}\"\n\
              [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\n\
              params = [\"campaign\"]\nkey = \"{{campaign}}:{{user_id}}\"\n"
         ),
@@ -98,6 +135,31 @@ fn read_model_lag(service: &serving::Service) -> Option<u64> {
         .filter(|row| row["inline"] == false && row["state"] == "active")
         .filter_map(|row| row["lag"].as_u64())
         .max()
+}
+
+/// How many operations the worker has not taken up yet (still `received`).
+fn worker_backlog(service: &serving::Service) -> u64 {
+    let output = std::process::Command::new(serving::binary())
+        .arg("--config")
+        .arg(&service.config)
+        .args([
+            "ops",
+            "--state",
+            "received",
+            "--limit",
+            "4000000000",
+            "--json",
+        ])
+        .envs(ENV.iter().copied())
+        .env("OPLEDGER_LOG", "error")
+        .output()
+        .expect("run opledger ops");
+    assert!(output.status.success(), "opledger ops failed");
+    output
+        .stdout
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count() as u64
 }
 
 #[derive(Clone)]
@@ -260,6 +322,9 @@ struct Run {
     full: Measured,
     paced: Measured,
     lag: Option<u64>,
+    /// With the worker: the operations it had not taken up yet when the paced phase started,
+    /// and when it ended.
+    backlog: Option<(u64, u64)>,
 }
 
 async fn run_variant(
@@ -267,17 +332,21 @@ async fn run_variant(
     variant: &'static str,
     args: &[&str],
     storage_url: &str,
+    api: &str,
     dir: &std::path::Path,
 ) -> Run {
     let seconds = env_number("OPLEDGER_LOAD_SECONDS", 20);
     let senders = env_number("OPLEDGER_LOAD_SENDERS", 64);
-    let (service, url) = start(dir, storage_url, args);
+    let (service, url) = start(dir, storage_url, api, args);
     let next = Arc::new(AtomicU64::new(0));
     eprintln!("{name}, {variant}: {senders} senders for {seconds} s...");
     let full = closed_loop(&url, senders, seconds, next.clone()).await;
+    let worker = !args.contains(&"--no-worker");
+    let before = worker.then(|| worker_backlog(&service));
     let quarter = full.acks_per_second / 4.0;
     eprintln!("{name}, {variant}: paced at {quarter:.0}/s...");
     let paced = paced(&url, quarter, seconds.clamp(3, 10), next).await;
+    let backlog = before.map(|before| (before, worker_backlog(&service)));
     let lag = read_model_lag(&service);
     service.stop();
     Run {
@@ -285,6 +354,7 @@ async fn run_variant(
         full,
         paced,
         lag,
+        backlog,
     }
 }
 
@@ -303,23 +373,26 @@ fn row(backend: &str, m: &Measured, baseline: Option<f64>) {
 }
 
 /// The variants side by side: closed-loop acks/s (and its ratio to intake alone), p99 closed
-/// loop, p99 at a quarter of the closed-loop rate, and the read models' lag at the end.
+/// loop, p99 at a quarter of the closed-loop rate, the worker's backlog (operations not taken up
+/// yet) when that paced phase started and ended, and the read models' lag at the end.
 fn side_by_side(backend: &str, runs: &[Run]) {
     let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
     let intake = runs.first().map_or(1.0, |r| r.full.acks_per_second);
     println!("\n`serve` on {backend}, side by side (one run):\n");
     println!(
-        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | errors | read-model lag at the end |"
+        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for run in runs {
         println!(
-            "| {} | {:.0} | {:.2}x | {} | {} | {} | {} |",
+            "| {} | {:.0} | {:.2}x | {} | {} | {} | {} | {} |",
             run.variant,
             run.full.acks_per_second,
             run.full.acks_per_second / intake,
             ms(run.full.p99),
             ms(run.paced.p99),
+            run.backlog
+                .map_or_else(|| "-".to_owned(), |(start, end)| format!("{start} → {end}")),
             run.full.errors + run.paced.errors,
             run.lag
                 .map_or_else(|| "-".to_owned(), |lag| lag.to_string()),
@@ -363,6 +436,7 @@ async fn main() {
     let backends = std::env::var("OPLEDGER_BENCH_BACKENDS").unwrap_or("sqlite,postgres".into());
     let dir = tempfile::tempdir().expect("temporary directory");
     let raw = raw_sqlite_rate(dir.path(), 5).await;
+    let api = fake_bot_api().await;
     // `OPLEDGER_LOAD_VARIANTS=1,4` runs only those (1-based, in the order of `VARIANTS`).
     let chosen = std::env::var("OPLEDGER_LOAD_VARIANTS").unwrap_or("1,2,3,4".into());
     let variants: Vec<_> = VARIANTS
@@ -378,7 +452,7 @@ async fn main() {
             let folder = dir.path().join(format!("sqlite-{i}"));
             std::fs::create_dir_all(&folder).expect("a folder");
             let url = format!("sqlite://{}", folder.join("ledger.db").display());
-            runs.push(run_variant("SQLite", variant, args, &url, &folder).await);
+            runs.push(run_variant("SQLite", variant, args, &url, &api, &folder).await);
         }
         results.push(("SQLite", runs));
     }
@@ -392,7 +466,9 @@ async fn main() {
                     let name = format!("opledger_load_{}_{i}", std::process::id());
                     let url = create_database(&mut connection, &admin, &name).await;
                     let folder = tempfile::tempdir().expect("temporary directory");
-                    runs.push(run_variant("PostgreSQL", variant, args, &url, folder.path()).await);
+                    runs.push(
+                        run_variant("PostgreSQL", variant, args, &url, &api, folder.path()).await,
+                    );
                     connection
                         .execute(sqlx::AssertSqlSafe(format!(
                             "DROP DATABASE {name} WITH (FORCE)"
