@@ -5,10 +5,11 @@
 //! found, and the batch is decided again on that.
 //!
 //! The decision stays the writer's pure [`Plan`], shared with SQLite; the server only checks and
-//! stores. A batch with neither inline read models nor attachments is the call alone: its own
-//! transaction, commit included, in one round trip. Otherwise the call opens the transaction the
-//! read models then write in, and after a stale answer it holds the locks, so the second
-//! decision is on exact versions.
+//! stores. A batch without attachments whose inline read models can plan their writes
+//! ([`Planners`], ADR 0016), or that has none, is one statement: its own transaction, commit
+//! included, in one round trip. Otherwise the call opens the transaction the read models then
+//! write in, and after a stale answer it holds the locks, so the second decision is on exact
+//! versions.
 
 use std::collections::HashMap;
 use std::time::Instant;
