@@ -69,9 +69,13 @@ pub fn lane(chat_id: Option<i64>, user_id: Option<i64>, update_id: i64) -> Strin
     }
 }
 
-/// Whether an event may change the queue, judged without decoding it: an `UpdateReceived` only
-/// if it is to be forwarded (its payload then says `"forward":true`, serde's compact form).
+/// Whether an event may change the queue, judged without decoding it: one of a delivery stream,
+/// and an `UpdateReceived` only if it is to be forwarded (its payload then says
+/// `"forward":true`, serde's compact form).
 fn concerns(link: &Link<'_>) -> bool {
+    if !in_category(link.stream_id, CATEGORY) {
+        return false;
+    }
     match link.event_type {
         "UpdateReceived" => link
             .payload
@@ -126,7 +130,7 @@ async fn apply(
 ) -> Result<(), ProjectionError> {
     let mut acknowledged = false;
     for link in events {
-        if !in_category(link.stream_id, CATEGORY) || !concerns(link) {
+        if !concerns(link) {
             continue;
         }
         let stream = link.stream_id;
@@ -258,9 +262,7 @@ impl InlineWriter for Planner {
         _connection: &'a mut PgConnection,
         events: &'a [Link<'a>],
     ) -> BoxFuture<'a, Result<Planned, ProjectionError>> {
-        let forwarded = events
-            .iter()
-            .any(|link| in_category(link.stream_id, CATEGORY) && concerns(link));
+        let forwarded = events.iter().any(concerns);
         Box::pin(std::future::ready(Ok(if forwarded {
             Planned::Unknown
         } else {

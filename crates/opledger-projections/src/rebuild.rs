@@ -522,11 +522,11 @@ async fn flip(
 /// Locks the live tables of `projection` (those that exist) against every other use until the
 /// transaction ends.
 async fn lock_live_tables(
-    mut conn: Conn<'_>,
+    conn: Conn<'_>,
     projection: &dyn Projection,
     name: &str,
 ) -> Result<(), ProjectorError> {
-    let Conn::Postgres(c) = conn.reborrow() else {
+    let Conn::Postgres(c) = conn else {
         return Ok(());
     };
     for suffix in projection.tables() {
