@@ -698,7 +698,7 @@ async fn the_cli_migrates_and_prints_a_postgres_ledger() {
     };
     let migrate = opledger(database.url(), &["migrate"]);
     assert!(migrate.status.success(), "{}", stderr(&migrate));
-    assert!(stdout(&migrate).contains("schema version 3, 0 events"));
+    assert!(stdout(&migrate).contains("schema version 4, 0 events"));
     let store = open(database.url(), PgOptions::default()).await;
     store.append(one("op-cli", "Received", 7)).await.unwrap();
     store.close().await;

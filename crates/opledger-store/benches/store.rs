@@ -1,7 +1,8 @@
 //! Event store benchmark, SQLite and PostgreSQL: appends through the store at 1, 8 and 64
 //! concurrent callers (one event per call) against raw sqlx one-row-per-transaction inserts into
-//! a table of the same shape, and `read_all` against a raw ordered SELECT, all measured in one
-//! run on one machine. Prints one Markdown table per backend.
+//! a table of the same shape (on PostgreSQL also against the rows an append writes, written
+//! alone: the floor of a one-caller append), and `read_all` against a raw ordered SELECT, all
+//! measured in one run on one machine. Prints one Markdown table per backend.
 //!
 //! `cargo bench -p opledger-store --bench store`
 //!
@@ -245,6 +246,12 @@ trait Baseline {
     /// Starts a measurement from a clean server state (PostgreSQL: a checkpoint, so that no
     /// measurement pays for the dirty pages of the one before).
     async fn before_measurement(&mut self);
+    /// Where the store's own rows cost more than the raw insert's one row: the rows an append
+    /// of one event writes, on the ledger's own schema, with none of the append's reads, locks
+    /// or checks, from one connection; the best a one-caller append could do.
+    async fn ledger_rows(&mut self, _seconds: u64) -> Option<Rate> {
+        None
+    }
 }
 
 struct SqliteBaseline {
@@ -444,6 +451,62 @@ impl Baseline for PgBaseline {
         scan!(&mut connection)
     }
 
+    /// One statement per transaction writing what `opledger_append` writes for one event of a
+    /// new stream (its `streams` row, its `events` row, the head), with the schema's triggers
+    /// (the head's deferred check among them) and nothing else.
+    async fn ledger_rows(&mut self, seconds: u64) -> Option<Rate> {
+        let url = self.fresh("rows").await;
+        AnyStore::open(&url, AnyOptions::default())
+            .await
+            .expect("migrate")
+            .close()
+            .await;
+        let options: PgConnectOptions = url.parse().expect("url");
+        let connection = Arc::new(tokio::sync::Mutex::new(
+            options.connect().await.expect("connect"),
+        ));
+        let label = "the append's rows alone (streams, events, head: one statement per \
+                     transaction, no reads or checks), 1 connection (floor)"
+            .to_owned();
+        let hash = |position: u64| {
+            let mut hash = [0u8; 32];
+            hash[..8].copy_from_slice(&position.to_be_bytes());
+            hash
+        };
+        Some(
+            closed_loop(label, 1, seconds, move |n| {
+                let connection = connection.clone();
+                async move {
+                    // One connection takes n = 0, 1, 2, … in order: the positions stay gapless.
+                    let (position, e) = (n + 1, event(n));
+                    let stream = stream_of(n, false);
+                    let mut connection = connection.lock().await;
+                    sqlx::query(
+                        "WITH s AS (INSERT INTO streams (stream_id, stream_type, version, \
+                         created_at) VALUES ($2, 'update', 1, now())), \
+                         e AS (INSERT INTO events (position, stream_id, version, event_id, \
+                         event_type, schema_version, payload, metadata, recorded_at, prev_hash, \
+                         hash) VALUES ($1, $2, 1, $3, $4, 1, $5, $6, now(), $7, $8)) \
+                         UPDATE ledger_head SET last_position = $1, last_hash = $8, \
+                         updated_at = now() WHERE ledger_id = 1",
+                    )
+                    .bind(i64::try_from(position).expect("position"))
+                    .bind(stream)
+                    .bind(uuid::Uuid::from_u128(u128::from(n)))
+                    .bind(&e.event_type)
+                    .bind(e.payload.get().as_bytes())
+                    .bind(e.metadata.get().as_bytes())
+                    .bind(&hash(n)[..])
+                    .bind(&hash(position)[..])
+                    .execute(&mut *connection)
+                    .await
+                    .expect("the append's rows");
+                }
+            })
+            .await,
+        )
+    }
+
     async fn settle(&mut self, url: &str) {
         let options: PgConnectOptions = url.parse().expect("url");
         let mut connection = options.connect().await.expect("connect");
@@ -499,6 +562,8 @@ async fn run<B: Baseline>(
         baseline.before_measurement().await;
         raws.push(baseline.one_row_inserts(connections, seconds).await);
     }
+    baseline.before_measurement().await;
+    let floor = baseline.ledger_rows(seconds).await;
     let mut appends = Vec::new();
     for callers in [1, 8, 64] {
         let url = baseline.fresh(&format!("append{callers}")).await;
@@ -541,6 +606,7 @@ async fn run<B: Baseline>(
         .max_by(|a, b| a.per_second.total_cmp(&b.per_second))
         .expect("a baseline");
     let mut rows: Vec<(&Rate, &Rate)> = raws.iter().map(|raw| (raw, strongest)).collect();
+    rows.extend(floor.iter().map(|rate| (rate, strongest)));
     rows.extend(appends.iter().map(|rate| (rate, strongest)));
     rows.push((&scattered, strongest));
     rows.push((&raw_scan, &raw_scan));
@@ -556,7 +622,20 @@ async fn run<B: Baseline>(
     let at_64 = appends[2].per_second / strongest.per_second;
     let reads = read_all.per_second / raw_scan.per_second;
     let verdict = |met: bool| if met { "met" } else { "MISSED" };
-    vec![
+    let alone = appends[0].per_second / raws[0].per_second;
+    let mut lines = vec![format!(
+        "{backend}: an append at 1 caller >= 0.8x the raw insert at 1 connection: {} ({alone:.2}x)",
+        verdict(alone >= 0.8)
+    )];
+    if let Some(floor) = &floor {
+        lines.push(format!(
+            "{backend}: the append's rows alone, at 1 connection, reach {:.2}x the raw insert \
+             (the most an append at 1 caller could); the append reaches {:.2}x of them",
+            floor.per_second / raws[0].per_second,
+            appends[0].per_second / floor.per_second
+        ));
+    }
+    lines.extend([
         format!(
             "{backend}: appends at 64 callers >= {target}x the raw rate at {} connection(s): {} ({at_64:.1}x)",
             raw_connections.last().expect("a connection count"),
@@ -566,7 +645,8 @@ async fn run<B: Baseline>(
             "{backend}: read_all >= 0.5x the raw scan: {} ({reads:.2}x)",
             verdict(reads >= 0.5)
         ),
-    ]
+    ]);
+    lines
 }
 
 #[tokio::main]

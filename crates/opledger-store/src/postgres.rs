@@ -5,7 +5,7 @@
 //!
 //! A batch is decided in memory on what the writer's last batches told it (the head, the versions
 //! of the streams they touched): the accepted events are sealed onto the hash chain and handed to
-//! `opledger_append` (migration 3, [`assumed`], ADR 0015), which locks the touched streams that
+//! `opledger_append` (migrations 3 and 4, [`assumed`], ADR 0015), which locks the touched streams that
 //! exist, in sorted order, then the head row, checks that knowledge and writes. Without inline
 //! read models or attachments that call is the whole transaction: one round trip. When the
 //! knowledge is stale (another instance appended), nothing is written and the batch is decided

@@ -1,6 +1,6 @@
 //! The one-round-trip append (ADR 0015): the writer decides and seals a batch on what its own
 //! commits told it (the head, the time it recorded, the versions of the streams it wrote), and
-//! `opledger_append` (migration 3) checks that under the locks every append takes before it
+//! `opledger_append` (migrations 3 and 4) checks that under the locks every append takes before it
 //! writes. If the writer's knowledge is stale, nothing is written, the function says what it
 //! found, and the batch is decided again on that.
 //!
