@@ -461,10 +461,14 @@ impl Baseline for PgBaseline {
             .expect("migrate")
             .close()
             .await;
-        let options: PgConnectOptions = url.parse().expect("url");
-        let connection = Arc::new(tokio::sync::Mutex::new(
-            options.connect().await.expect("connect"),
-        ));
+        // No ping before each statement: the floor is one round trip.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .test_before_acquire(false)
+            .connect(&url)
+            .await
+            .expect("connect");
         let label = "the append's rows alone (streams, events, head: one statement per \
                      transaction, no reads or checks), 1 connection (floor)"
             .to_owned();
@@ -475,12 +479,11 @@ impl Baseline for PgBaseline {
         };
         Some(
             closed_loop(label, 1, seconds, move |n| {
-                let connection = connection.clone();
+                let pool = pool.clone();
                 async move {
                     // One connection takes n = 0, 1, 2, … in order: the positions stay gapless.
                     let (position, e) = (n + 1, event(n));
                     let stream = stream_of(n, false);
-                    let mut connection = connection.lock().await;
                     sqlx::query(
                         "WITH s AS (INSERT INTO streams (stream_id, stream_type, version, \
                          created_at) VALUES ($2, 'update', 1, now())), \
@@ -498,7 +501,7 @@ impl Baseline for PgBaseline {
                     .bind(e.metadata.get().as_bytes())
                     .bind(&hash(n)[..])
                     .bind(&hash(position)[..])
-                    .execute(&mut *connection)
+                    .execute(&pool)
                     .await
                     .expect("the append's rows");
                 }
