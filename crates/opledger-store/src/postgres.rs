@@ -140,6 +140,18 @@ impl PgStore {
         let readers = PgPoolOptions::new()
             .max_connections(options.read_connections.max(1))
             .acquire_timeout(options.connect_timeout)
+            // sqlx asks every connection it hands out whether it still answers: a round trip
+            // before each read. Only one idle long enough to have died meanwhile (a restarted
+            // server) is asked, like the writer's; one that fails is closed, another taken.
+            .test_before_acquire(false)
+            .before_acquire(|connection, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > IDLE_CHECK {
+                        connection.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(
                 connect
                     .clone()

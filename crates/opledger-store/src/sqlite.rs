@@ -127,6 +127,9 @@ impl SqliteStore {
             .map_err(|e| open_error(sqlx::Error::Io(e)))?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.read_connections.max(1))
+            // A connection to a file does not die while idle: sqlx's check before each read
+            // would be a hop to the connection's thread and back for nothing.
+            .test_before_acquire(false)
             .after_connect(move |connection, _| {
                 let attach = Arc::clone(&attach);
                 Box::pin(async move {
