@@ -1,9 +1,12 @@
 //! The worker loop: due operations in, one decided commit per step out.
 //!
 //! The loop reads due operations from `operation_status` into a short queue that its tasks drain
-//! (never two tasks on one operation; a row whose step found nothing to do rests a while). For
-//! each, a task reads the operation's stream (the read model only says where to look) and takes
-//! the step its state calls for:
+//! (never two tasks on one operation; a row whose step found nothing to do rests a while), and
+//! looks for more when the queue is down to half. Each operation's stream is read as it is
+//! queued (the read model only says where to look), so the task that takes it up does not wait
+//! for the read; a read older than the row is done again, and one that went stale in the queue
+//! costs the step's commit a version conflict and a decision on the fresh state. The task takes
+//! the step the operation's state calls for:
 //! - received, a due retry, or a claim whose lease expired with nothing sent: the call step
 //!   ([`crate::call`]: claim, `ExternalCallSent`, the call, its outcome, which the task keeps
 //!   until its next claim);
@@ -29,7 +32,7 @@ use tokio::sync::{Notify, Semaphore};
 use crate::backoff::Backoff;
 use crate::call::{Action, Calls, Pending, claimable};
 use crate::effector::{Effector, NoEffect};
-use crate::handle::{Operations, StepError};
+use crate::handle::{Handle, Operations, StepError};
 use crate::http::HttpEffector;
 use crate::reply::Replier;
 
@@ -242,8 +245,11 @@ impl Worker {
             let mut queued = 0usize;
             // Whether some operation is due now that this loop left alone (in hand, resting, or
             // no room in the queue): then the earliest due time is now, and only a task's end or
-            // an append can change what there is to do.
-            let mut due_now = queue.len() >= capacity;
+            // an append can change what there is to do. The loop looks again only once the
+            // queue is down to half: a look lists up to `page` rows, as many of them in hand as
+            // there are queued and running, so a look after every row taken would mostly list
+            // those again (at concurrency 32, 128 rows read per operation).
+            let mut due_now = queue.len() > capacity / 2;
             if !due_now {
                 match operation_status::due(
                     inner.ops.store().reader(),
@@ -262,7 +268,7 @@ impl Worker {
                                 break;
                             }
                             if inner.take(&row.operation_id) {
-                                queue.push(row);
+                                queue.push(Queued::start(&inner.ops, row));
                                 queued += 1;
                             }
                         }
@@ -297,8 +303,9 @@ impl Worker {
             tokio::select! {
                 () = &mut shutdown => {
                     // Rows not started are given back; the tasks finish what they hold.
-                    for row in queue.take_all() {
-                        inner.release(&row.operation_id);
+                    for queued in queue.take_all() {
+                        queued.loading.abort();
+                        inner.release(&queued.row.operation_id);
                     }
                     return self.finish(tasks).await;
                 }
@@ -314,14 +321,15 @@ impl Worker {
     /// there is no next operation to claim.
     async fn drain(&self, queue: &Queue, finished: &Notify) {
         let mut carry: Option<Pending> = None;
-        while let Some(row) = queue.pop() {
+        while let Some(Queued { row, loading }) = queue.pop() {
             finished.notify_one();
             // Released even if the step panics, so the operation is not stranded here.
             let release = Release {
                 inner: Arc::clone(&self.inner),
                 operation_id: row.operation_id.clone(),
             };
-            carry = self.step_carrying(&row, carry).await;
+            let handle = loaded(&self.inner.ops, &row, loading).await;
+            carry = self.step_carrying(&row, handle, carry).await;
             drop(release);
         }
         if let Some(pending) = carry {
@@ -346,7 +354,10 @@ impl Worker {
         futures_util::stream::iter(rows)
             .for_each_concurrent(inner.options.concurrency, |row| async move {
                 if self.inner.take(&row.operation_id) {
-                    self.step(&row).await;
+                    let handle = self.load(&row).await;
+                    if let Some(pending) = self.step_carrying(&row, handle, None).await {
+                        self.inner.calls.flush(pending).await;
+                    }
                     self.inner.release(&row.operation_id);
                 }
             })
@@ -376,24 +387,26 @@ impl Worker {
         until_next.clamp(Duration::from_millis(5), inner.options.idle_poll)
     }
 
-    /// Takes the step one due operation calls for; failures are logged and the operation stays
-    /// due.
-    async fn step(&self, row: &OperationStatusRow) {
-        if let Some(pending) = self.step_carrying(row, None).await {
-            self.inner.calls.flush(pending).await;
-        }
+    /// Reads the stream of `row`'s operation.
+    async fn load(&self, row: &OperationStatusRow) -> Result<Handle, StepError> {
+        load(&self.inner.ops, &row.stream_id).await
     }
 
-    /// Takes the step `row` calls for, committing `carry` (a previous call's outcome) with
-    /// this operation's claim when there is one, or alone first; returns this operation's own
-    /// call outcome if it made a call.
+    /// Takes the step `row` calls for on `handle`, its stream as read, committing `carry` (a
+    /// previous call's outcome) with this operation's claim when there is one, or alone first;
+    /// returns this operation's own call outcome if it made a call. Failures are logged and the
+    /// operation stays due.
     async fn step_carrying(
         &self,
         row: &OperationStatusRow,
+        handle: Result<Handle, StepError>,
         carry: Option<Pending>,
     ) -> Option<Pending> {
         let mut carry = carry;
-        let result = self.try_step(row, &mut carry).await;
+        let result = match handle {
+            Ok(handle) => self.try_step(row, handle, &mut carry).await,
+            Err(error) => Err(error),
+        };
         if let Some(pending) = carry.take() {
             self.inner.calls.flush(pending).await;
         }
@@ -421,16 +434,13 @@ impl Worker {
     async fn try_step(
         &self,
         row: &OperationStatusRow,
+        mut handle: Handle,
         carry: &mut Option<Pending>,
     ) -> Result<Stepped, StepError> {
         let inner = &self.inner;
         let Some(action) = inner.actions.get(&row.action).cloned() else {
             return Ok(Stepped::Nothing);
         };
-        let mut handle = inner
-            .ops
-            .load(StreamId::new(row.stream_id.clone())?)
-            .await?;
         let now = inner.ops.now();
         let state = handle.state();
         if claimable(state, now) {
@@ -518,24 +528,61 @@ impl Drop for Release {
     }
 }
 
+/// Reads the operation stream `stream_id` (one read).
+async fn load(ops: &Operations, stream_id: &str) -> Result<Handle, StepError> {
+    ops.load(StreamId::new(stream_id.to_owned())?).await
+}
+
+/// The stream of `row`'s operation as `loading` read it while the row waited in the queue; read
+/// again if that read is older than the row (listed after a commit the read missed).
+async fn loaded(
+    ops: &Operations,
+    row: &OperationStatusRow,
+    loading: tokio::task::JoinHandle<Result<Handle, StepError>>,
+) -> Result<Handle, StepError> {
+    match loading.await {
+        Ok(Ok(handle)) if handle.state().version >= row.version => Ok(handle),
+        Ok(Err(error)) => Err(error),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Ok(Ok(_)) | Err(_) => load(ops, &row.stream_id).await,
+    }
+}
+
+/// A due operation taken by this worker, waiting for a task, its stream being read already: the
+/// task that takes it up finds the read done instead of waiting for it.
+#[derive(Debug)]
+struct Queued {
+    row: OperationStatusRow,
+    loading: tokio::task::JoinHandle<Result<Handle, StepError>>,
+}
+
+impl Queued {
+    /// `row`, with the read of its stream started.
+    fn start(ops: &Operations, row: OperationStatusRow) -> Self {
+        let (ops, stream_id) = (ops.clone(), row.stream_id.clone());
+        let loading = tokio::spawn(async move { load(&ops, &stream_id).await });
+        Queued { row, loading }
+    }
+}
+
 /// Due operations taken by this worker and waiting for a task.
 #[derive(Debug, Default)]
 struct Queue {
-    rows: Mutex<std::collections::VecDeque<OperationStatusRow>>,
+    rows: Mutex<std::collections::VecDeque<Queued>>,
 }
 
 impl Queue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<OperationStatusRow>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Queued>> {
         self.rows
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn push(&self, row: OperationStatusRow) {
-        self.lock().push_back(row);
+    fn push(&self, queued: Queued) {
+        self.lock().push_back(queued);
     }
 
-    fn pop(&self) -> Option<OperationStatusRow> {
+    fn pop(&self) -> Option<Queued> {
         self.lock().pop_front()
     }
 
@@ -547,7 +594,7 @@ impl Queue {
         self.lock().is_empty()
     }
 
-    fn take_all(&self) -> Vec<OperationStatusRow> {
+    fn take_all(&self) -> Vec<Queued> {
         self.lock().drain(..).collect()
     }
 }
@@ -588,4 +635,93 @@ fn result_fields(action: &ActionConfig) -> Vec<String> {
     fields.sort();
     fields.dedup();
     fields
+}
+
+#[cfg(test)]
+mod tests {
+    use opledger_ledger::ManualClock;
+    use opledger_store::AnyOptions;
+
+    use super::*;
+    use crate::handle::metadata;
+    use crate::handle::tests::{claimed, now, received, stream};
+
+    async fn operations() -> (tempfile::TempDir, Operations) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let store = AnyStore::open(&url, AnyOptions::default()).await.unwrap();
+        let clock = Arc::new(ManualClock::new(now()));
+        (dir, Operations::new(store, "w1".to_owned(), clock))
+    }
+
+    async fn append(ops: &Operations, version: u64, event: opledger_domain::OperationEvent) {
+        let request = opledger_ledger::request(
+            stream("a"),
+            opledger_ledger::expected(version),
+            &[event],
+            &metadata("w2", &received("a")),
+        );
+        ops.store().append(vec![request.unwrap()]).await.unwrap();
+    }
+
+    /// The row `operation_status` lists for operation `a` at `version`.
+    fn row(version: u64) -> OperationStatusRow {
+        OperationStatusRow {
+            operation_id: received("a").operation_id.to_string(),
+            stream_id: stream("a").to_string(),
+            action: "coupon".to_owned(),
+            business_key: "a".to_owned(),
+            bot: "shop".to_owned(),
+            chat_id: Some(7),
+            user_id: Some(7),
+            status: "received".to_owned(),
+            attempts: 0,
+            worker: None,
+            lease_until: None,
+            due_at: Some(now()),
+            external_id: None,
+            last_error: None,
+            reply: "not_started".to_owned(),
+            key_conflicts: 0,
+            created_at: now(),
+            updated_at: now(),
+            version,
+            last_position: version,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_queued_row_s_stream_is_read_as_it_is_queued() {
+        let (_dir, ops) = operations().await;
+        append(&ops, 0, received("a").into()).await;
+        let queued = Queued::start(&ops, row(1));
+        let handle = queued.loading.await.unwrap().unwrap();
+        assert_eq!(handle.state().version, 1);
+        assert_eq!(handle.received().business_key, "a");
+    }
+
+    #[tokio::test]
+    async fn a_read_older_than_its_row_is_done_again_and_one_as_new_is_kept() {
+        let (_dir, ops) = operations().await;
+        append(&ops, 0, received("a").into()).await;
+        let early = load(&ops, &stream("a").to_string()).await.unwrap();
+        // Another worker claims the operation after the read and before the task takes it up.
+        append(&ops, 1, claimed("w2", 1)).await;
+
+        let given = early.clone();
+        let listed_after = loaded(&ops, &row(2), tokio::spawn(async move { Ok(given) }))
+            .await
+            .unwrap();
+        assert_eq!(listed_after.state().version, 2, "read again");
+        assert_eq!(listed_after.state().claim.as_ref().unwrap().worker, "w2");
+
+        let listed_before = loaded(&ops, &row(1), tokio::spawn(async move { Ok(early) }))
+            .await
+            .unwrap();
+        assert_eq!(
+            listed_before.state().version,
+            1,
+            "kept: the commit's version check and the decision on the fresh state handle it"
+        );
+    }
 }
