@@ -484,11 +484,13 @@ mod tests {
     use std::collections::BTreeMap;
 
     use opledger_domain::operation::OperationEvent;
-    use opledger_ledger::{ManualClock, StreamState};
-    use opledger_store::{AnyOptions, AnyStore, EventStore, ExpectedVersion};
+    use opledger_ledger::StreamState;
+    use opledger_store::{EventStore, ExpectedVersion};
 
     use super::*;
-    use crate::handle::tests::{called, claimed, confirm, now, received, stream};
+    use crate::handle::tests::{
+        append, called, claimed, confirm, now, operations, received, stream,
+    };
     use crate::handle::{Applied, metadata};
 
     fn claim() -> OperationCommand {
@@ -645,34 +647,17 @@ mod tests {
     }
 
     async fn calls() -> (tempfile::TempDir, Calls) {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let store = AnyStore::open(&url, AnyOptions::default()).await.unwrap();
-        let clock = Arc::new(ManualClock::new(now()));
-        let ops = Operations::new(store, "w1".to_owned(), clock);
+        let (dir, ops) = operations().await;
         (
             dir,
             Calls::new(ops, Backoff::default(), Duration::from_secs(10)),
         )
     }
 
-    /// Appends `events` to `stream` at `version`, as another worker would.
-    async fn append(calls: &Calls, stream: &StreamId, version: u64, events: &[OperationEvent]) {
-        let metadata = metadata("w2", &received("x"));
-        let expected = opledger_ledger::expected(version);
-        let request = opledger_ledger::request(stream.clone(), expected, events, &metadata);
-        calls
-            .ops
-            .store()
-            .append(vec![request.unwrap()])
-            .await
-            .unwrap();
-    }
-
     /// Operation `a` with a call sent, `b` received; `a`'s outcome pending and `b` read.
     async fn two_operations(calls: &Calls) -> (Pending, Handle) {
-        append(calls, &stream("a"), 0, &called("a", "w1")).await;
-        append(calls, &stream("b"), 0, &[received("b").into()]).await;
+        append(&calls.ops, &stream("a"), 0, &called("a", "w1")).await;
+        append(&calls.ops, &stream("b"), 0, &[received("b").into()]).await;
         let pending = Pending {
             handle: calls.ops.load(stream("a")).await.unwrap(),
             command: confirm(),
@@ -715,7 +700,7 @@ mod tests {
         let (a, b) = (stream("a"), stream("b"));
         let (pending, mut next) = two_operations(&calls).await;
         // Another worker claims the next operation after this one read it.
-        append(&calls, &b, 1, &[claimed("w2", 1)]).await;
+        append(&calls.ops, &b, 1, &[claimed("w2", 1)]).await;
         let applied = calls
             .claim(&mut next, &[claim()], Some(pending))
             .await
@@ -734,14 +719,14 @@ mod tests {
     async fn the_call_is_not_recorded_under_a_claim_that_is_not_ours_any_more() {
         let (_dir, calls) = calls().await;
         let a = stream("a");
-        append(&calls, &a, 0, &[received("a").into()]).await;
+        append(&calls.ops, &a, 0, &[received("a").into()]).await;
         let mut handle = calls.ops.load(a.clone()).await.unwrap();
         let applied = calls.claim(&mut handle, &[claim()], None).await.unwrap();
         assert_eq!(applied, Applied::Done);
         let ours = handle.state().claim.clone();
         // A claim was taken since under the same worker id (another process configured with
         // it): the domain alone would let this worker record its call under that claim.
-        append(&calls, &a, 2, &[claimed("w1", 2)]).await;
+        append(&calls.ops, &a, 2, &[claimed("w1", 2)]).await;
         let sent = OperationCommand::RecordCallSent {
             worker: "w1".to_owned(),
         };

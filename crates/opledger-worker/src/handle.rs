@@ -337,7 +337,7 @@ pub(crate) mod tests {
         Claimed, Confirmed, ConfirmedVia, ExternalCallSent, MarkedForReconciliation,
         ReplyRetryScheduled, ReplyStarted,
     };
-    use opledger_store::ExpectedVersion;
+    use opledger_store::{EventStore, ExpectedVersion};
 
     use super::*;
 
@@ -388,6 +388,30 @@ pub(crate) mod tests {
             idempotency_key: received.operation_id.to_string(),
         };
         vec![received.into(), claimed(worker, 1), sent.into()]
+    }
+
+    /// The worker `w1`'s side of a fresh SQLite ledger in a temporary directory, at [`now`].
+    pub(crate) async fn operations() -> (tempfile::TempDir, Operations) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let store = AnyStore::open(&url, opledger_store::AnyOptions::default())
+            .await
+            .unwrap();
+        let clock = Arc::new(opledger_ledger::ManualClock::new(now()));
+        (dir, Operations::new(store, "w1".to_owned(), clock))
+    }
+
+    /// Appends `events` to `stream` at `version`, as another worker would.
+    pub(crate) async fn append(
+        ops: &Operations,
+        stream: &StreamId,
+        version: u64,
+        events: &[OperationEvent],
+    ) {
+        let metadata = metadata("w2", &received("x"));
+        let expected = opledger_ledger::expected(version);
+        let request = opledger_ledger::request(stream.clone(), expected, events, &metadata);
+        ops.store().append(vec![request.unwrap()]).await.unwrap();
     }
 
     pub(crate) fn confirm() -> OperationCommand {

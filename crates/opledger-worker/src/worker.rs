@@ -354,7 +354,7 @@ impl Worker {
         futures_util::stream::iter(rows)
             .for_each_concurrent(inner.options.concurrency, |row| async move {
                 if self.inner.take(&row.operation_id) {
-                    let handle = self.load(&row).await;
+                    let handle = load(&self.inner.ops, &row.stream_id).await;
                     if let Some(pending) = self.step_carrying(&row, handle, None).await {
                         self.inner.calls.flush(pending).await;
                     }
@@ -385,11 +385,6 @@ impl Worker {
             _ => inner.options.idle_poll,
         };
         until_next.clamp(Duration::from_millis(5), inner.options.idle_poll)
-    }
-
-    /// Reads the stream of `row`'s operation.
-    async fn load(&self, row: &OperationStatusRow) -> Result<Handle, StepError> {
-        load(&self.inner.ops, &row.stream_id).await
     }
 
     /// Takes the step `row` calls for on `handle`, its stream as read, committing `carry` (a
@@ -639,30 +634,8 @@ fn result_fields(action: &ActionConfig) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use opledger_ledger::ManualClock;
-    use opledger_store::AnyOptions;
-
     use super::*;
-    use crate::handle::metadata;
-    use crate::handle::tests::{claimed, now, received, stream};
-
-    async fn operations() -> (tempfile::TempDir, Operations) {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let store = AnyStore::open(&url, AnyOptions::default()).await.unwrap();
-        let clock = Arc::new(ManualClock::new(now()));
-        (dir, Operations::new(store, "w1".to_owned(), clock))
-    }
-
-    async fn append(ops: &Operations, version: u64, event: opledger_domain::OperationEvent) {
-        let request = opledger_ledger::request(
-            stream("a"),
-            opledger_ledger::expected(version),
-            &[event],
-            &metadata("w2", &received("a")),
-        );
-        ops.store().append(vec![request.unwrap()]).await.unwrap();
-    }
+    use crate::handle::tests::{append, claimed, now, operations, received, stream};
 
     /// The row `operation_status` lists for operation `a` at `version`.
     fn row(version: u64) -> OperationStatusRow {
@@ -693,7 +666,7 @@ mod tests {
     #[tokio::test]
     async fn a_queued_row_s_stream_is_read_as_it_is_queued() {
         let (_dir, ops) = operations().await;
-        append(&ops, 0, received("a").into()).await;
+        append(&ops, &stream("a"), 0, &[received("a").into()]).await;
         let queued = Queued::start(&ops, row(1));
         let handle = queued.loading.await.unwrap().unwrap();
         assert_eq!(handle.state().version, 1);
@@ -703,10 +676,10 @@ mod tests {
     #[tokio::test]
     async fn a_read_older_than_its_row_is_done_again_and_one_as_new_is_kept() {
         let (_dir, ops) = operations().await;
-        append(&ops, 0, received("a").into()).await;
+        append(&ops, &stream("a"), 0, &[received("a").into()]).await;
         let early = load(&ops, &stream("a").to_string()).await.unwrap();
         // Another worker claims the operation after the read and before the task takes it up.
-        append(&ops, 1, claimed("w2", 1)).await;
+        append(&ops, &stream("a"), 1, &[claimed("w2", 1)]).await;
 
         let given = early.clone();
         let listed_after = loaded(&ops, &row(2), tokio::spawn(async move { Ok(given) }))
