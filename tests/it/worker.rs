@@ -1070,3 +1070,51 @@ async fn an_outcome_whose_stream_moved_is_committed_apart_from_the_next_claim(ba
     }
     world.stop().await;
 }
+
+/// With intake first (`opledger serve`'s default) and an update being recorded all along, the
+/// worker still carries every operation out, at most one step per wait, and commits a call's
+/// outcome before it waits, rather than holding it until the next claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_intake_slows_the_worker_but_never_stops_it_or_holds_an_outcome_back() {
+    let Some(world) = World::start(Backend::Sqlite, Setup::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    world.ask(2, 8, "spring").await;
+    let priority = world.app.store.priority().clone();
+    priority.put_foreground_first(true);
+    let intake = priority.foreground();
+    let worker = world.worker_with("w1", 1, Arc::new(opledger_server::SystemClock), |options| {
+        options.replies = false;
+    });
+    let started = std::time::Instant::now();
+    let (stop, running) = spawn_run(worker);
+    let deadline = started + Duration::from_secs(30);
+    let mut outcome_alone = false;
+    loop {
+        let rows = world.operations().await;
+        let statuses: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
+        if statuses.contains(&"confirmed") && statuses.contains(&"received") {
+            outcome_alone = true;
+        }
+        if statuses.iter().all(|s| *s == "confirmed") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{rows:#?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed();
+    drop(intake);
+    let _ = stop.send(());
+    running.await.expect("the worker stops");
+    assert!(
+        took >= Duration::from_millis(100),
+        "each of the two steps waited its turn: {took:?}"
+    );
+    assert!(
+        outcome_alone,
+        "the first outcome was committed before the wait, not with the second claim"
+    );
+    assert_eq!(world.service.total_requests(), 2);
+    world.stop().await;
+}

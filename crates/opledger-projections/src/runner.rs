@@ -279,6 +279,10 @@ struct Lock {
     checked: Option<Instant>,
 }
 
+/// The longest a page waits for this process's intake to go quiet (`Priority`): under a
+/// flood of updates the read models fall behind, and catch up when it eases.
+const YIELD_WAIT: Duration = Duration::from_millis(50);
+
 /// The first key of a runner's advisory lock.
 const RUNNER_LOCK_CLASS: i32 = registry::LOCK_CLASS + 1;
 
@@ -398,8 +402,11 @@ async fn drive(
             active = register(store, projection, &options.runner).await?;
             continue;
         }
+        // This process's intake goes first: the page waits its turn (`Priority`).
+        let turn = store.priority().background(YIELD_WAIT).await;
         let page = read_page(store, active.position + 1, options.page_size).await?;
         if page.is_empty() {
+            drop(turn);
             tokio::select! {
                 woke = watch.changed() => {
                     if woke.is_none() {
@@ -427,6 +434,7 @@ async fn drive(
         match applied {
             Some(position) => {
                 txn.commit().await?;
+                drop(turn);
                 active.position = position;
                 warned = false;
                 *failures = 0;

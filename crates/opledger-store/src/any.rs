@@ -76,6 +76,12 @@ impl AnyStore {
         either!(map self, store => store.reader())
     }
 
+    /// This process's foreground work before its background work on this store (see
+    /// [`Priority`](crate::Priority)).
+    pub fn priority(&self) -> &crate::Priority {
+        either!(self, store => store.priority())
+    }
+
     /// Writable connections for read models kept outside the append transactions (see
     /// [`SqliteStore::projection_pool`], [`PgStore::projection_pool`]).
     pub fn projection_pool(&self) -> ReadPool<'_> {

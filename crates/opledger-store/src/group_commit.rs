@@ -14,6 +14,7 @@ use tracing::Instrument;
 use crate::batch;
 use crate::error::StoreError;
 use crate::model::{AppendRequest, Appended, Position};
+use crate::priority::Priority;
 use crate::store::HeadWatch;
 
 /// Limits of one group-commit batch.
@@ -78,6 +79,7 @@ pub(crate) struct Appender {
     queue: mpsc::Sender<Message>,
     head: watch::Receiver<Position>,
     max_events: usize,
+    priority: Priority,
 }
 
 impl std::fmt::Debug for Message {
@@ -108,6 +110,7 @@ impl Appender {
             queue,
             head: head_receiver,
             max_events,
+            priority: Priority::default(),
         }
     }
 
@@ -126,6 +129,11 @@ impl Appender {
 
     pub(crate) fn subscribe(&self) -> HeadWatch {
         HeadWatch::new(self.head.clone())
+    }
+
+    /// The priority of this process's foreground work over its background work on the store.
+    pub(crate) fn priority(&self) -> &Priority {
+        &self.priority
     }
 
     /// Commits every call queued before this one, then stops the task and releases its

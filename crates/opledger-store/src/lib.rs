@@ -6,6 +6,8 @@
 //!   [`Either`] with [`either!`] is how code says "either backend" once.
 //! - Appends are group-committed ([`GroupCommitOptions`]): concurrent calls share one durable
 //!   transaction, and each caller gets its own result.
+//! - [`Priority`]: in one process, background work (the worker, the read models) waits its
+//!   turn while foreground work (intake) is in flight, so acknowledgements stay fast.
 //! - Positions are gapless and in commit order, so "the last position I saw" is a safe cursor.
 //! - [`chain`] defines the SHA-256 hash chain that makes the history tamper-evident;
 //!   [`verify`] checks a whole ledger against it, through a read-only [`LedgerReader`].
@@ -25,6 +27,7 @@ pub mod inline;
 mod ledger_files;
 mod model;
 pub mod postgres;
+mod priority;
 mod read;
 pub mod read_models;
 mod reader;
@@ -45,6 +48,7 @@ pub use model::{
     empty_object, event_id,
 };
 pub use postgres::{PgOptions, PgStore};
+pub use priority::{Foreground, Priority};
 pub use reader::LedgerReader;
 pub use sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use store::{EventStore, HeadWatch};

@@ -43,6 +43,7 @@ use crate::error::{OpenError, StoreError};
 use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOptions, advance};
 use crate::inline::{InlineProjections, PgQuery};
 use crate::model::{AppendRequest, Appended, Head, Position, StreamId, StreamVersion};
+use crate::priority::Priority;
 use crate::read;
 use crate::store::{EventStore, HeadWatch};
 
@@ -215,6 +216,12 @@ impl PgStore {
     /// The read pool, for read models that live in the same database.
     pub fn reader(&self) -> &PgPool {
         &self.inner.readers
+    }
+
+    /// This process's foreground work (intake) before its background work (the worker, the
+    /// read models) on this store; shared by its clones.
+    pub fn priority(&self) -> &Priority {
+        self.inner.appender.priority()
     }
 
     /// Connections for read models kept outside the append transactions (asynchronous

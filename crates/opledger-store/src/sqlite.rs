@@ -26,6 +26,7 @@ use crate::group_commit::{Appender, BatchOutcome, BatchWriter, GroupCommitOption
 use crate::inline::InlineProjections;
 use crate::ledger_files::LedgerFiles;
 use crate::model::{AppendRequest, Appended, Head, StreamId, StreamVersion};
+use crate::priority::Priority;
 use crate::read;
 use crate::read_models;
 use crate::store::{EventStore, HeadWatch};
@@ -202,6 +203,12 @@ impl SqliteStore {
     /// The read pool (`query_only` connections), for read models that live in the same file.
     pub fn reader(&self) -> &SqlitePool {
         &self.inner.readers
+    }
+
+    /// This process's foreground work (intake) before its background work (the worker, the
+    /// read models) on this store; shared by its clones.
+    pub fn priority(&self) -> &Priority {
+        self.inner.appender.priority()
     }
 
     /// A small pool of writable connections on the ledger's file for the read models kept

@@ -36,6 +36,10 @@ use crate::handle::{Handle, Operations, StepError};
 use crate::http::HttpEffector;
 use crate::reply::Replier;
 
+/// The longest a task waits for this process's intake to go quiet before its next step
+/// (`Priority`): under a flood of updates each task still takes a step this often.
+const YIELD_WAIT: Duration = Duration::from_millis(50);
+
 /// How a worker runs.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
@@ -321,7 +325,21 @@ impl Worker {
     /// there is no next operation to claim.
     async fn drain(&self, queue: &Queue, finished: &Notify) {
         let mut carry: Option<Pending> = None;
-        while let Some(Queued { row, loading }) = queue.pop() {
+        let priority = self.inner.ops.store().priority();
+        loop {
+            // Intake goes first (`Priority`). A call's outcome is not held while waiting: it
+            // is committed now, alone, rather than late.
+            let turn = if priority.holds_back() {
+                if let Some(pending) = carry.take() {
+                    self.inner.calls.flush(pending).await;
+                }
+                Some(priority.background(YIELD_WAIT).await)
+            } else {
+                None
+            };
+            let Some(Queued { row, loading }) = queue.pop() else {
+                break;
+            };
             finished.notify_one();
             // Released even if the step panics, so the operation is not stranded here.
             let release = Release {
@@ -331,6 +349,7 @@ impl Worker {
             let handle = loaded(&self.inner.ops, &row, loading).await;
             carry = self.step_carrying(&row, handle, carry).await;
             drop(release);
+            drop(turn);
         }
         if let Some(pending) = carry {
             self.inner.calls.flush(pending).await;

@@ -122,6 +122,8 @@ impl Intake {
     /// Records one raw update body for `bot`. `Ok` means it is durably recorded (or was before):
     /// only then may Telegram be answered 2xx.
     pub async fn record(&self, bot: &str, raw: &[u8]) -> Result<Receipt, IntakeError> {
+        // Someone waits for this answer: this process's worker and read models wait their turn.
+        let _foreground = self.store().priority().foreground();
         if !self.rules.serves(bot) {
             return Err(IntakeError::UnknownBot(bot.to_owned()));
         }
@@ -184,6 +186,7 @@ impl Intake {
     /// Starts (or finds) the operation a client of the operations API asks for. `Ok` means it is
     /// durably recorded: the worker carries it out as if a command had asked.
     pub async fn submit(&self, submission: &Submission) -> Result<Started, IntakeError> {
+        let _foreground = self.store().priority().foreground();
         if !self.rules.serves(&submission.bot) {
             return Err(IntakeError::UnknownBot(submission.bot.clone()));
         }
