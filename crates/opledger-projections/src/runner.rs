@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use opledger_store::{AnyStore, Either, EventStore};
+use opledger_store::{AnyStore, Either, EventStore, Priority};
 use sqlx::PgConnection;
 use tokio::task::JoinSet;
 
@@ -279,10 +279,6 @@ struct Lock {
     checked: Option<Instant>,
 }
 
-/// The longest a page waits for this process's intake to go quiet (`Priority`): under a
-/// flood of updates the read models fall behind, and catch up when it eases.
-const YIELD_WAIT: Duration = Duration::from_millis(50);
-
 /// The first key of a runner's advisory lock.
 const RUNNER_LOCK_CLASS: i32 = registry::LOCK_CLASS + 1;
 
@@ -402,8 +398,9 @@ async fn drive(
             active = register(store, projection, &options.runner).await?;
             continue;
         }
-        // This process's intake goes first: the page waits its turn (`Priority`).
-        let turn = store.priority().background(YIELD_WAIT).await;
+        // This process's intake goes first: the page waits its turn. Under a flood of updates
+        // the read models fall behind, and catch up when it eases.
+        let turn = store.priority().background(Priority::WAIT).await;
         let page = read_page(store, active.position + 1, options.page_size).await?;
         if page.is_empty() {
             drop(turn);

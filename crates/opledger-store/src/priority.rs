@@ -52,8 +52,7 @@ pub struct Turn {
 }
 
 impl Turn {
-    /// Whether foreground work was still in flight when the turn came (the wait ran out), so
-    /// that the unit can be a small one.
+    /// Whether foreground work was still in flight when the turn came (the wait ran out).
     pub fn busy(&self) -> bool {
         self.busy
     }
@@ -80,6 +79,10 @@ pub struct Foreground {
 }
 
 impl Priority {
+    /// The longest the worker's steps and the read models' pages wait for their turn: under a
+    /// flood of updates each of their tasks still does a unit this often.
+    pub const WAIT: Duration = Duration::from_millis(50);
+
     /// Turns the priority on (or off again): from now on background work waits its turn.
     pub fn put_foreground_first(&self, on: bool) {
         self.shared.on.store(on, Ordering::Release);
@@ -94,7 +97,7 @@ impl Priority {
     }
 
     /// How many foreground units are in flight now.
-    pub fn in_flight(&self) -> usize {
+    fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
     }
 
@@ -105,9 +108,9 @@ impl Priority {
     }
 
     /// Waits for a background task's turn: at once while the priority is off or no foreground
-    /// work is in flight,
-    /// else when there is none any more, or after `longest`, whichever comes first; a unit that
-    /// had to wait then runs while no other such unit does.
+    /// work is in flight, else when there is none any more, or after `longest` (the worker and
+    /// the read models wait [`Priority::WAIT`]), whichever comes first; a unit that had to wait
+    /// then runs while no other such unit does.
     pub async fn background(&self, longest: Duration) -> Turn {
         let shared = &self.shared;
         let quiet = shared.quiet.notified();

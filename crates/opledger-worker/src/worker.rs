@@ -25,7 +25,7 @@ use opledger_config::{ActionConfig, Config, ReplyPlaceholder};
 use opledger_domain::Status;
 use opledger_ledger::Clock;
 use opledger_projections::operation_status::{self, OperationStatusRow};
-use opledger_store::{AnyStore, EventStore, StreamId};
+use opledger_store::{AnyStore, EventStore, Priority, StreamId};
 use opledger_telegram::BotApi;
 use tokio::sync::{Notify, Semaphore};
 
@@ -35,10 +35,6 @@ use crate::effector::{Effector, NoEffect};
 use crate::handle::{Handle, Operations, StepError};
 use crate::http::HttpEffector;
 use crate::reply::Replier;
-
-/// The longest a task waits for this process's intake to go quiet before its next step
-/// (`Priority`): under a flood of updates each task still takes a step this often.
-const YIELD_WAIT: Duration = Duration::from_millis(50);
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -333,7 +329,7 @@ impl Worker {
                 if let Some(pending) = carry.take() {
                     self.inner.calls.flush(pending).await;
                 }
-                Some(priority.background(YIELD_WAIT).await)
+                Some(priority.background(Priority::WAIT).await)
             } else {
                 None
             };
