@@ -665,4 +665,28 @@ mod tests {
         ));
         assert!(connect_options("sqlite://ledger.db", &options).is_ok());
     }
+
+    /// The bundled SQLite is built as `.cargo/config.toml` asks (`LIBSQLITE3_FLAGS`): without
+    /// the memory statistics and the shared page cache, both behind one process-wide mutex that
+    /// every connection's thread took for each allocation and each page (bench/README.md).
+    #[tokio::test]
+    async fn sqlite_is_built_without_its_process_wide_allocation_locks() {
+        let mut connection = SqliteConnectOptions::from_str("sqlite::memory:")
+            .expect("an in-memory database")
+            .connect()
+            .await
+            .expect("open it");
+        let options: Vec<String> = sqlx::query_scalar("PRAGMA compile_options")
+            .fetch_all(&mut connection)
+            .await
+            .expect("read the compile options");
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
+    }
 }
