@@ -14,6 +14,7 @@ mod error;
 pub mod forward_queue;
 pub mod metrics;
 pub mod operation_status;
+mod pages;
 pub mod projection;
 pub mod rebuild;
 pub mod reconciliation_queue;

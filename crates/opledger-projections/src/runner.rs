@@ -3,7 +3,8 @@
 //! changed.
 //!
 //! For each asynchronous projection a task reads the page after the active version's checkpoint
-//! (contiguous positions: a gap stops it, nothing is skipped), then in ONE transaction moves the
+//! (contiguous positions: a gap stops it, nothing is skipped; the projections share the last page
+//! read, `pages.rs`, so that those at the same position read it once), then in ONE transaction moves the
 //! checkpoint with a compare-and-set (`… WHERE position = $old`) and applies the page. A crash
 //! rolls both back, so nothing is applied twice; a compare-and-set that finds the checkpoint
 //! moved means another runner (or a flip) got there first: the page is rolled back and the
@@ -32,6 +33,7 @@ use tokio::task::JoinSet;
 
 use crate::db::{self, quoted};
 use crate::error::ProjectorError;
+use crate::pages::Pages;
 use crate::projection::{Conn, Projection, definition_hash};
 use crate::rebuild::{self, RebuildOptions, apply_page, read_page};
 use crate::registry::{self, Checkpoint, State, index_prefix};
@@ -196,6 +198,7 @@ impl Projector {
             let shared = Arc::new(Shared {
                 store: self.store.clone(),
                 options: self.options.clone(),
+                pages: Pages::default(),
             });
             for projection in &self.projections {
                 if projection.inline() {
@@ -219,6 +222,8 @@ impl Projector {
 struct Shared {
     store: AnyStore,
     options: ProjectorOptions,
+    /// The last page read, which the other projections take theirs from.
+    pages: Pages,
 }
 
 /// Follows one projection until stopped.
@@ -401,7 +406,12 @@ async fn drive(
         // This process's intake goes first: the page waits its turn. Under a flood of updates
         // the read models fall behind, and catch up when it eases.
         let turn = store.priority().background(Priority::WAIT).await;
-        let page = read_page(store, active.position + 1, options.page_size).await?;
+        let page = shared
+            .pages
+            .page(active.position + 1, options.page_size, |from, limit| {
+                read_page(store, from, limit)
+            })
+            .await?;
         if page.is_empty() {
             drop(turn);
             tokio::select! {
