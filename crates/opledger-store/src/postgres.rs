@@ -5,11 +5,11 @@
 //!
 //! A batch is decided in memory on what the writer's last batches told it (the head, the versions
 //! of the streams they touched): the accepted events are sealed onto the hash chain and handed to
-//! `opledger_append` (migrations 3 and 4, [`assumed`], ADR 0015), which locks the touched streams that
-//! exist, in sorted order, then the head row, checks that knowledge and writes. Without inline
-//! read models or attachments that call is the whole transaction: one round trip. When the
-//! knowledge is stale (another instance appended), nothing is written and the batch is decided
-//! again on what the function found.
+//! `opledger_append` (migrations 3 and 4, `postgres/assumed.rs`, ADR 0015), which locks the
+//! touched streams that exist, in sorted order, then the head row, checks that knowledge and
+//! writes. Without inline read models or attachments that call is the whole transaction: one
+//! round trip. When the knowledge is stale (another instance appended), nothing is written and
+//! the batch is decided again on what the function found.
 //!
 //! The locking path does the same in four round trips, reading before it decides: `BEGIN`; one
 //! statement that takes the same locks and reads the versions and the head; the decision (a loser
@@ -405,7 +405,7 @@ impl std::fmt::Debug for PgWriter {
 
 impl PgWriter {
     /// One try on the writer's connection (a new one if it has none): on what the writer knows
-    /// if it can ([`assumed`]), else locking and reading first.
+    /// if it can (`postgres/assumed.rs`), else locking and reading first.
     async fn write_once(
         &mut self,
         calls: &[Vec<AppendRequest>],
