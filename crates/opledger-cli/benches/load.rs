@@ -15,7 +15,10 @@
 //! `OPLEDGER_LOAD_SENDERS` (default 64), `OPLEDGER_BENCH_PG_URL` (default the local server; a
 //! scratch database is created and dropped per variant), `OPLEDGER_BENCH_BACKENDS` (default
 //! `sqlite,postgres`), `OPLEDGER_LOAD_VARIANTS` (e.g. `1,4`: intake only and everything),
-//! `OPLEDGER_BENCH_BIN` (another `opledger` binary, e.g. one built from `main`, to compare).
+//! `OPLEDGER_BENCH_BIN` (another `opledger` binary, e.g. one built from `main`, to compare),
+//! `OPLEDGER_LOAD_ROUNDS` (default 1: the variants are run that many times, interleaved, and
+//! compared by their medians, since one closed-loop run of intake alone can be 30 % off the next
+//! on a shared machine).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -372,45 +375,97 @@ fn row(backend: &str, m: &Measured, baseline: Option<f64>) {
     );
 }
 
+/// The median of `values` (the mean of the middle two for an even count); 0 if empty.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 /// The variants side by side: closed-loop acks/s (and its ratio to intake alone), p99 closed
 /// loop, p99 at a quarter of the closed-loop rate, the worker's backlog (operations not taken up
 /// yet) when that paced phase started and ended, and the read models' lag at the end.
-fn side_by_side(backend: &str, runs: &[Run]) {
-    let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
-    let intake = runs.first().map_or(1.0, |r| r.full.acks_per_second);
-    println!("\n`serve` on {backend}, side by side (one run):\n");
+/// `runs[v][r]` is variant `v` in round `r`; with several rounds every figure is the median over
+/// them, the ratio is the median of each round's ratio to that round's intake alone (shown with
+/// its lowest and highest), the lag is shown with its largest, and the backlog is the last
+/// round's.
+fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
+    let ms = |seconds: f64| format!("{:.2}", seconds * 1e3);
+    let rounds = runs.first().map_or(0, Vec::len);
+    let intake: Vec<f64> = runs
+        .first()
+        .map(|r| r.iter().map(|run| run.full.acks_per_second).collect())
+        .unwrap_or_default();
+    let ratios = |variant: &[Run]| -> Vec<f64> {
+        variant
+            .iter()
+            .zip(&intake)
+            .map(|(run, intake)| run.full.acks_per_second / intake)
+            .collect()
+    };
+    let of = |variant: &[Run], f: &dyn Fn(&Run) -> f64| median(variant.iter().map(f).collect());
+    let heading = if rounds > 1 {
+        format!("medians of {rounds} interleaved rounds")
+    } else {
+        "one run".to_owned()
+    };
+    println!("\n`serve` on {backend}, side by side ({heading}):\n");
     println!(
         "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for run in runs {
+    for variant in runs {
+        let Some(last) = variant.last() else { continue };
+        let ratio = ratios(variant);
+        let spread = if rounds > 1 {
+            let low = ratio.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = ratio.iter().copied().fold(0.0, f64::max);
+            format!(" ({low:.2}–{high:.2})")
+        } else {
+            String::new()
+        };
+        let lags: Vec<f64> = variant
+            .iter()
+            .filter_map(|r| r.lag)
+            .map(|l| l as f64)
+            .collect();
         println!(
-            "| {} | {:.0} | {:.2}x | {} | {} | {} | {} | {} |",
-            run.variant,
-            run.full.acks_per_second,
-            run.full.acks_per_second / intake,
-            ms(run.full.p99),
-            ms(run.paced.p99),
-            run.backlog
+            "| {} | {:.0} | {:.2}x{spread} | {} | {} | {} | {} | {} |",
+            last.variant,
+            of(variant, &|r| r.full.acks_per_second),
+            median(ratio),
+            ms(of(variant, &|r| r.full.p99.as_secs_f64())),
+            ms(of(variant, &|r| r.paced.p99.as_secs_f64())),
+            last.backlog
                 .map_or_else(|| "-".to_owned(), |(start, end)| format!("{start} → {end}")),
-            run.full.errors + run.paced.errors,
-            run.lag
-                .map_or_else(|| "-".to_owned(), |lag| lag.to_string()),
+            variant
+                .iter()
+                .map(|r| r.full.errors + r.paced.errors)
+                .sum::<u64>(),
+            match lags.iter().copied().reduce(f64::max) {
+                None => "-".to_owned(),
+                Some(_) if rounds == 1 => format!("{:.0}", median(lags)),
+                Some(max) => format!("{:.0} (max {max:.0})", median(lags)),
+            },
         );
     }
     if let Some(everything) = runs.last() {
-        let ratio = everything.full.acks_per_second / intake;
+        let ratio = median(ratios(everything));
+        let p99 = of(everything, &|r| r.paced.p99.as_secs_f64());
         let bound = if backend == "SQLite" { 5 } else { 10 };
         println!(
             "\ntargets ({backend}): everything >= 0.9x intake only: {} ({ratio:.2}x); p99 at the \
              quarter rate <= {bound} ms: {} ({} ms)",
             if ratio >= 0.9 { "met" } else { "MISSED" },
-            if everything.paced.p99 <= Duration::from_millis(bound) {
+            if p99 <= bound as f64 / 1e3 {
                 "met"
             } else {
                 "MISSED"
             },
-            ms(everything.paced.p99),
+            ms(p99),
         );
     }
 }
@@ -445,14 +500,20 @@ async fn main() {
         .filter(|(i, _)| chosen.split(',').any(|c| c.trim() == (i + 1).to_string()))
         .map(|(_, v)| *v)
         .collect();
-    let mut results: Vec<(&str, Vec<Run>)> = Vec::new();
+    let mut results: Vec<(&str, Vec<Vec<Run>>)> = Vec::new();
+    let rounds = env_number("OPLEDGER_LOAD_ROUNDS", 1).max(1);
+    let no_runs = || -> Vec<Vec<Run>> { variants.iter().map(|_| Vec::new()).collect() };
     if backends.contains("sqlite") {
-        let mut runs = Vec::new();
-        for (i, (variant, args)) in variants.iter().enumerate() {
-            let folder = dir.path().join(format!("sqlite-{i}"));
-            std::fs::create_dir_all(&folder).expect("a folder");
-            let url = format!("sqlite://{}", folder.join("ledger.db").display());
-            runs.push(run_variant("SQLite", variant, args, &url, &api, &folder).await);
+        let mut runs = no_runs();
+        for round in 0..rounds {
+            for (i, (variant, args)) in variants.iter().enumerate() {
+                let folder = dir.path().join(format!("sqlite-{round}-{i}"));
+                std::fs::create_dir_all(&folder).expect("a folder");
+                let url = format!("sqlite://{}", folder.join("ledger.db").display());
+                runs[i].push(run_variant("SQLite", variant, args, &url, &api, &folder).await);
+                // Each variant's files go before the next starts: the disk is shared too.
+                let _ = std::fs::remove_dir_all(&folder);
+            }
         }
         results.push(("SQLite", runs));
     }
@@ -461,20 +522,22 @@ async fn main() {
             .unwrap_or("postgres://postgres@127.0.0.1:5432/postgres".into());
         match sqlx::postgres::PgConnection::connect(&admin).await {
             Ok(mut connection) => {
-                let mut runs = Vec::new();
-                for (i, (variant, args)) in variants.iter().enumerate() {
-                    let name = format!("opledger_load_{}_{i}", std::process::id());
-                    let url = create_database(&mut connection, &admin, &name).await;
-                    let folder = tempfile::tempdir().expect("temporary directory");
-                    runs.push(
-                        run_variant("PostgreSQL", variant, args, &url, &api, folder.path()).await,
-                    );
-                    connection
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            "DROP DATABASE {name} WITH (FORCE)"
-                        )))
-                        .await
-                        .expect("drop database");
+                let mut runs = no_runs();
+                for _ in 0..rounds {
+                    for (i, (variant, args)) in variants.iter().enumerate() {
+                        let name = format!("opledger_load_{}_{i}", std::process::id());
+                        let url = create_database(&mut connection, &admin, &name).await;
+                        let folder = tempfile::tempdir().expect("temporary directory");
+                        let run =
+                            run_variant("PostgreSQL", variant, args, &url, &api, folder.path());
+                        runs[i].push(run.await);
+                        connection
+                            .execute(sqlx::AssertSqlSafe(format!(
+                                "DROP DATABASE {name} WITH (FORCE)"
+                            )))
+                            .await
+                            .expect("drop database");
+                    }
                 }
                 results.push(("PostgreSQL", runs));
             }
@@ -492,13 +555,19 @@ async fn main() {
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for (backend, runs) in &results {
-        for run in runs {
-            let label = |m: &Measured| Measured {
-                label: format!("{}: {}", run.variant, m.label),
-                ..m.clone()
-            };
-            row(backend, &label(&run.full), Some(raw));
-            row(backend, &label(&run.paced), None);
+        for round in 0..rounds as usize {
+            for run in runs.iter().filter_map(|variant| variant.get(round)) {
+                let label = |m: &Measured| Measured {
+                    label: if rounds > 1 {
+                        format!("round {}, {}: {}", round + 1, run.variant, m.label)
+                    } else {
+                        format!("{}: {}", run.variant, m.label)
+                    },
+                    ..m.clone()
+                };
+                row(backend, &label(&run.full), Some(raw));
+                row(backend, &label(&run.paced), None);
+            }
         }
     }
     for (backend, runs) in &results {
