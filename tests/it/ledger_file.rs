@@ -217,7 +217,12 @@ async fn eventually<F: std::future::Future<Output = Result<(), String>>>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disk_that_fills_and_frees_again_is_survived_without_a_restart() {
-    let Some(disk) = Tmpfs::mount("24m") else {
+    // Room for what a healthy ledger may keep: its WAL up to the store's 16 MiB limit, the read
+    // models' file and its WAL beside it, and the database files. A smaller disk is filled
+    // again by the catch-up burst itself once the filler is gone (24 MiB was, in about a third of
+    // runs), and a disk with no room left for the checkpoint to grow the database into cannot
+    // recover.
+    let Some(disk) = Tmpfs::mount("64m") else {
         return;
     };
     let telegram = FakeTelegram::start(TOKEN).await;
@@ -284,7 +289,9 @@ async fn a_disk_that_fills_and_frees_again_is_survived_without_a_restart() {
     }
     // A lot more traffic than the log holds: it must be restarted (after checkpoints), not
     // grown until the disk is full again.
-    let disk_size = 24 * 1024 * 1024;
+    // A log the checkpointer restarts peaked at 10.6-14 MiB here after the catch-up burst; one
+    // that grew for as long as the writes go on (the defect) passes this within the 400 updates.
+    let wal_bound = 24 * 1024 * 1024;
     for _ in 0..400 {
         assert_eq!(deliver(&http, address, next).await, 200, "update {next}");
         acknowledged.insert(next);
@@ -293,7 +300,7 @@ async fn a_disk_that_fills_and_frees_again_is_survived_without_a_restart() {
         // Bounded: a log that grew on would fill the disk again (the defect). Under a loaded
         // machine the checkpointer may restart it late, so the bound is not tight.
         assert!(
-            size < disk_size * 3 / 4,
+            size < wal_bound,
             "the WAL grew to {size} bytes after the disk was freed"
         );
     }
