@@ -288,17 +288,15 @@ async fn a_disk_that_fills_and_frees_again_is_survived_without_a_restart() {
         acknowledged.insert(id);
     }
     // A lot more traffic than the log holds: it must be restarted (after checkpoints), not
-    // grown until the disk is full again.
-    // A log the checkpointer restarts peaked at 10.6-14 MiB here after the catch-up burst; one
-    // that grew for as long as the writes go on (the defect) passes this within the 400 updates.
+    // grown for as long as the writes go on (the defect), which passes this bound within the
+    // 400 updates. A log the checkpointer restarts peaked at 10.6-14 MiB here after the catch-up
+    // burst; under a loaded machine it may restart late, so the bound is not tight.
     let wal_bound = 24 * 1024 * 1024;
     for _ in 0..400 {
         assert_eq!(deliver(&http, address, next).await, 200, "update {next}");
         acknowledged.insert(next);
         next += 1;
         let size = std::fs::metadata(&wal).expect("the WAL").len();
-        // Bounded: a log that grew on would fill the disk again (the defect). Under a loaded
-        // machine the checkpointer may restart it late, so the bound is not tight.
         assert!(
             size < wal_bound,
             "the WAL grew to {size} bytes after the disk was freed"
