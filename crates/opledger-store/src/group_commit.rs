@@ -59,6 +59,12 @@ pub(crate) trait BatchWriter: Send + 'static {
         calls: &[Vec<AppendRequest>],
     ) -> impl Future<Output = Result<BatchOutcome, StoreError>> + Send;
 
+    /// Upkeep between batches, after the last one's callers were answered (SQLite finishes a
+    /// checkpoint here when asked to). Nothing by default.
+    fn between_batches(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
     /// Releases the writer's connection.
     fn close(self) -> impl Future<Output = ()> + Send;
 }
@@ -235,6 +241,7 @@ async fn run<W: BatchWriter>(
             }
         }
         calls.clear();
+        writer.between_batches().await;
     }
     queue.close();
     // Calls that raced with Close are answered, not dropped silently.

@@ -60,13 +60,15 @@ pub(crate) async fn open(
     writer: &mut SqliteConnection,
 ) -> Result<(SqlitePool, PathBuf), OpenError> {
     let path = path_for(ledger.get_filename());
-    let connect = ledger
-        .clone()
-        .filename(&path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .foreign_keys(true);
+    let connect = crate::sqlite::writer_options(
+        ledger
+            .clone()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true),
+    );
     let ledger_id: Vec<u8> =
         sqlx::query_scalar("SELECT ledger_id FROM ledger_identity WHERE id = 1")
             .fetch_one(&mut *writer)

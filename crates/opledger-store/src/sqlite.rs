@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::sqlite::{
@@ -57,6 +58,9 @@ pub struct SqliteOptions {
     pub group_commit: GroupCommitOptions,
     /// Read models updated inside every append transaction.
     pub inline: InlineProjections,
+    /// How often the checkpointer copies committed WAL frames into the database file (the
+    /// writer never does it in its commits).
+    pub checkpoint_interval: Duration,
 }
 
 impl Default for SqliteOptions {
@@ -67,6 +71,7 @@ impl Default for SqliteOptions {
             read_connections: 4,
             group_commit: GroupCommitOptions::default(),
             inline: InlineProjections::new(),
+            checkpoint_interval: CHECKPOINT_INTERVAL,
         }
     }
 }
@@ -104,7 +109,12 @@ impl SqliteStore {
     /// migrations.
     pub async fn open(url: &str, options: SqliteOptions) -> Result<Self, OpenError> {
         let connect = connect_options(url, &options)?;
-        let mut writer = connect.connect().await.map_err(open_error)?;
+        // The writer never checkpoints in its commits (the checkpointer does, beside it), from
+        // its first connection on: with SQLite's automatic checkpoints, the commit that crosses
+        // 1,000 frames copies the log back and syncs the database file before it returns, a
+        // stall of milliseconds for every append waiting behind it.
+        let writer_connect = writer_options(connect.clone().pragma("wal_autocheckpoint", "0"));
+        let mut writer = writer_connect.connect().await.map_err(open_error)?;
         migrate(&mut writer).await?;
         for projection in &options.inline {
             projection
@@ -153,10 +163,15 @@ impl SqliteStore {
             .max_connections(2)
             .after_release(|connection, _| Box::pin(ended_cleanly(connection)))
             .connect_lazy_with(connect.clone().create_if_missing(false));
-        let checkpointer = tokio::spawn(checkpoint(connect.clone()));
+        let finish_checkpoint = Arc::new(AtomicBool::new(false));
+        let checkpointer = tokio::spawn(checkpoint(
+            connect,
+            options.checkpoint_interval,
+            Arc::clone(&finish_checkpoint),
+        ));
         let writer = SqliteWriter {
-            // The writer never checkpoints in its commits: the checkpointer does, beside it.
-            connect: connect.pragma("wal_autocheckpoint", "0"),
+            connect: writer_connect,
+            finish_checkpoint,
             connection: Some(writer),
             inline: options.inline,
             files: Arc::clone(&files),
@@ -254,58 +269,74 @@ pub(crate) async fn ended_cleanly(connection: &mut SqliteConnection) -> Result<b
     Ok(!open)
 }
 
-/// How often the checkpointer copies committed WAL frames into the database file.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
+/// How often the checkpointer copies committed WAL frames into the database file, by default.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(50);
 
-/// The log's length (in frames, pages of the database) from which the checkpointer makes sure
-/// the log restarts from its beginning (SQLite's own automatic checkpoints use the same number).
+/// The log's length (in frames, pages of the database) from which the checkpointer has the
+/// writer finish its checkpoint, so that the log restarts from its beginning (SQLite's own
+/// automatic checkpoints use the same number).
 const RESTART_AFTER_FRAMES: i64 = 1_000;
+
+/// The log's length from which the checkpointer stops leaving the restart to the writer and
+/// forces it (readers kept the writer from restarting the log): the log [`WAL_SIZE_LIMIT`]
+/// keeps at 4 KiB pages.
+const FORCE_RESTART_AFTER_FRAMES: i64 = 4 * RESTART_AFTER_FRAMES;
 
 /// A log longer than this (bytes) is cut back to it when it restarts, so that a burst does not
 /// keep its disk space for good (four times the log [`RESTART_AFTER_FRAMES`] keeps at 4 KiB pages).
 const WAL_SIZE_LIMIT: u64 = 16 * 1024 * 1024;
 
-/// How long a restarting checkpoint may hold new writers back while it waits for readers.
+/// How long a forced restart may hold new writers back while it waits for readers.
 const RESTART_WAIT: Duration = Duration::from_millis(200);
 
-/// Checkpoints the WAL on its own connection, so that no append waits for a checkpoint: with
+/// Checkpoints the WAL beside the writer, so that no append waits for the bulk of it: with
 /// SQLite's automatic checkpoints, the commit that crosses the threshold copies every page back
-/// and syncs the database file before it returns, a stall of many milliseconds. A `PASSIVE`
-/// checkpoint never blocks writers or readers, and the next writer restarts the WAL from its
-/// beginning once it is fully checkpointed.
+/// and syncs the database file before it returns, a stall of milliseconds for every append
+/// behind it. A `PASSIVE` checkpoint on this task's own connection copies the bulk and never
+/// blocks writers or readers.
 ///
-/// Under a steady stream of writes that next writer is often one that was already waiting for
-/// the lock with an older snapshot, which cannot restart the log; it then grows for as long as
-/// the writes go on (after a full disk was freed, until the disk is full again). So once the
-/// log is [`RESTART_AFTER_FRAMES`] long, the checkpointer asks for a `RESTART` checkpoint,
-/// which holds new writers back (at most [`RESTART_WAIT`]) until the readers are done with the
-/// log, so that the next writer starts it over. Any failure (a full disk, I/O) drops the
-/// connection; the next round opens a new one.
-async fn checkpoint(connect: SqliteConnectOptions) {
+/// The log restarts from its beginning only when the writer begins a transaction on a log that
+/// is checkpointed completely, and under a steady stream of appends it never is: frames arrive
+/// while the checkpoint copies. A `RESTART` checkpoint here would finish the job by holding new
+/// writers back until it gets the write lock, waiting with SQLite's busy handler (sleeps of 1,
+/// 2, 5, 10 ms...): a stall of ~20 ms for every append, four times a second under load. So once
+/// the log is [`RESTART_AFTER_FRAMES`] long, the checkpointer asks the writer to finish
+/// (`finish`): between two batches the writer checkpoints the few frames that came since, on
+/// its own connection, and its next commit starts the log over, unless a reader was still
+/// reading the log's frames then. If readers keep that from happening until the log is
+/// [`FORCE_RESTART_AFTER_FRAMES`] long, the checkpointer forces it with `RESTART` (holding new
+/// writers back at most [`RESTART_WAIT`]), so that the log stays bounded (after a full disk was
+/// freed, it would otherwise grow until the disk is full again). Any failure (a full disk, I/O)
+/// drops the connection; the next round opens a new one.
+async fn checkpoint(connect: SqliteConnectOptions, interval: Duration, finish: Arc<AtomicBool>) {
     let connect = connect.busy_timeout(RESTART_WAIT);
     let mut connection = None;
     loop {
-        tokio::time::sleep(CHECKPOINT_INTERVAL).await;
+        tokio::time::sleep(interval).await;
         if connection.is_none() {
             connection = connect.connect().await.ok();
         }
         let Some(open) = connection.as_mut() else {
             continue;
         };
-        if let Err(error) = checkpoint_once(open).await {
+        if let Err(error) = checkpoint_once(open, &finish).await {
             tracing::debug!(%error, "WAL checkpoint failed; reconnecting");
             connection = None;
         }
     }
 }
 
-/// One round of [`checkpoint`]: `PASSIVE`, then `RESTART` if the log is long.
-async fn checkpoint_once(connection: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+/// One round of [`checkpoint`]: `PASSIVE`; then, if the log is long, the writer is asked to
+/// finish, or, if it is very long, `RESTART`.
+async fn checkpoint_once(
+    connection: &mut SqliteConnection,
+    finish: &AtomicBool,
+) -> Result<(), sqlx::Error> {
     // (busy, frames in the log, frames checkpointed)
     let (_, frames, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
         .fetch_one(&mut *connection)
         .await?;
-    if frames >= RESTART_AFTER_FRAMES {
+    if frames >= FORCE_RESTART_AFTER_FRAMES {
         let (busy, frames, done): (i64, i64, i64) =
             sqlx::query_as("PRAGMA wal_checkpoint(RESTART)")
                 .fetch_one(&mut *connection)
@@ -317,6 +348,8 @@ async fn checkpoint_once(connection: &mut SqliteConnection) -> Result<(), sqlx::
                 "the WAL could not be restarted yet; trying again"
             );
         }
+    } else if frames >= RESTART_AFTER_FRAMES {
+        finish.store(true, Ordering::Release);
     }
     Ok(())
 }
@@ -370,6 +403,16 @@ fn connect_options(url: &str, options: &SqliteOptions) -> Result<SqliteConnectOp
         .busy_timeout(options.busy_timeout)
         .pragma("journal_size_limit", WAL_SIZE_LIMIT.to_string())
         .foreign_keys(true))
+}
+
+/// What every connection that writes a batch of rows needs beside the ledger's options: its
+/// statement journals in memory. A statement that writes many rows inside a transaction (an
+/// append's events, a read model's page) keeps the prior content of each page it changes, so
+/// that it can undo itself alone; past 64 KiB SQLite spills that journal to a temporary file,
+/// an unlinked file on disk that costs a write call per page and is thrown away at the end of
+/// the statement (under the load benchmark, as many bytes as the log itself).
+pub(crate) fn writer_options(connect: SqliteConnectOptions) -> SqliteConnectOptions {
+    connect.pragma("temp_store", "memory")
 }
 
 /// SQLite's primary result code of a database error (the low byte of the extended code).
@@ -449,6 +492,9 @@ struct SqliteWriter {
     connection: Option<SqliteConnection>,
     inline: InlineProjections,
     files: Arc<LedgerFiles>,
+    /// Set by the checkpointer when the log is long: the writer checkpoints what came since
+    /// its last round, so that its next commit restarts the log ([`checkpoint`]).
+    finish_checkpoint: Arc<AtomicBool>,
 }
 
 impl BatchWriter for SqliteWriter {
@@ -475,6 +521,22 @@ impl BatchWriter for SqliteWriter {
         let outcome = result?;
         self.files.check()?;
         Ok(outcome)
+    }
+
+    async fn between_batches(&mut self) {
+        if !self.finish_checkpoint.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return;
+        };
+        // A failure (a full disk, I/O) leaves the log as it was: the checkpointer asks again.
+        if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(connection)
+            .await
+        {
+            tracing::debug!(%error, "the writer's checkpoint failed");
+        }
     }
 
     async fn close(mut self) {
@@ -664,6 +726,69 @@ mod tests {
             Err(OpenError::BadUrl { .. })
         ));
         assert!(connect_options("sqlite://ledger.db", &options).is_ok());
+    }
+
+    /// The writer leaves checkpoints to the checkpointer from its very first connection: with
+    /// the checkpointer held off, a log far past SQLite's automatic threshold (1,000 frames)
+    /// still holds every frame. (The first connection once kept SQLite's default, and every
+    /// commit that crossed the threshold copied the log back and synced the database file
+    /// while the appends behind it waited: a stall every ~70 ms at 1,700 updates/s.)
+    #[tokio::test]
+    async fn the_writer_never_checkpoints_in_its_commits() {
+        use crate::model::{ExpectedVersion, NewEvent};
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("ledger.db");
+        let options = SqliteOptions {
+            checkpoint_interval: Duration::from_secs(3600),
+            ..SqliteOptions::default()
+        };
+        let store = SqliteStore::open(&format!("sqlite://{}", path.display()), options)
+            .await
+            .expect("open");
+        for n in 0..600 {
+            let stream = StreamId::new(format!("s-{n}")).expect("stream id");
+            let event = NewEvent::new("Tested", 1, crate::empty_object());
+            store
+                .append(vec![AppendRequest::new(
+                    stream,
+                    ExpectedVersion::NoStream,
+                    vec![event],
+                )])
+                .await
+                .expect("append");
+        }
+        let mut connection = SqliteConnectOptions::new()
+            .filename(&path)
+            .connect()
+            .await
+            .expect("connect");
+        let (_, frames, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(&mut connection)
+            .await
+            .expect("checkpoint");
+        assert!(
+            frames > 2 * RESTART_AFTER_FRAMES,
+            "the log was checkpointed and restarted by the writer: {frames} frames"
+        );
+        store.close().await;
+    }
+
+    /// The connections that write batches of rows keep their statement journals in memory
+    /// (`writer_options`): the read models' writer here, whose pages of thousands of rows
+    /// spilled them to temporary files on disk.
+    #[tokio::test]
+    async fn the_read_models_writer_keeps_its_statement_journals_in_memory() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let store = SqliteStore::open(&url, SqliteOptions::default())
+            .await
+            .expect("open");
+        let temp_store: i64 = sqlx::query_scalar("PRAGMA temp_store")
+            .fetch_one(store.read_model_pool())
+            .await
+            .expect("read temp_store");
+        assert_eq!(temp_store, 2, "MEMORY");
+        store.close().await;
     }
 
     /// The bundled SQLite is built as `.cargo/config.toml` asks (`LIBSQLITE3_FLAGS`): without
