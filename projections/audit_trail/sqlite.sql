@@ -28,10 +28,14 @@ CREATE TABLE IF NOT EXISTS "{table}_streams" (
     chat_id      INTEGER
 ) WITHOUT ROWID;
 -- indexes
--- Forgetting a stream finds an operation's rows by operation and any other stream's by a scan
+-- The rows that name an operation outside its own stream (the updates that asked for it, their
+-- repeats, its buttons). The operation's own stream, most of its rows, is found through the
+-- inline operation_status and the ledger's (stream_id, version) index instead: an operation id
+-- is random, so every row in this index dirties a page of its own, and leaving a worker's
+-- events out keeps it to about one row per update. Forgetting a stream finds its rows by a scan
 -- (targeted rebuilds are rare; every index slows the load of a rebuild).
 CREATE INDEX IF NOT EXISTS "{index}_by_operation" ON "{table}" (operation_id, position)
-    WHERE operation_id IS NOT NULL;
+    WHERE operation_id IS NOT NULL AND substr(stream_id, 1, 3) <> 'op-';
 CREATE INDEX IF NOT EXISTS "{index}_by_user" ON "{table}" (user_id, position)
     WHERE user_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "{index}_by_chat" ON "{table}" (chat_id, position)

@@ -23,6 +23,8 @@ CREATE TABLE IF NOT EXISTS "{table}" (
     CONSTRAINT "{index}_pkey" PRIMARY KEY (stream_id)
 );
 -- indexes
-CREATE UNIQUE INDEX IF NOT EXISTS "{index}_by_operation" ON "{table}" (operation_id);
+-- No index by operation id: one operation is found through the inline operation_status (its
+-- stream id), since an operation id is random and an index of it would dirty a page of its
+-- own for every operation.
 CREATE INDEX IF NOT EXISTS "{index}_by_user" ON "{table}" (bot, user_id, updated_at);
 CREATE INDEX IF NOT EXISTS "{index}_by_chat" ON "{table}" (bot, chat_id, updated_at);

@@ -31,7 +31,7 @@ use opledger_store::{EitherRow, ReadPool, Time, either};
 use serde::Serialize;
 use sqlx::{PgConnection, SqliteConnection};
 
-use crate::projection::{Conn, Definition, Projection, in_category};
+use crate::projection::{Conn, Definition, Projection};
 use crate::rows::{
     self, CopyText, SQLITE_PARAMETERS, SQLITE_ROWS_PER_STATEMENT, category, kept_prepared,
     read_error, signed, sqlite_values,
@@ -77,7 +77,8 @@ impl Projection for AuditTrail {
         })
     }
 
-    /// An operation's rows are found by its id (indexed); any other stream's by a scan.
+    /// A stream's rows are found by a scan (targeted rebuilds are rare, and an index of stream
+    /// ids would slow every append's page).
     fn forget_stream<'a>(
         &'a self,
         conn: Conn<'a>,
@@ -85,33 +86,15 @@ impl Projection for AuditTrail {
         stream: &'a str,
     ) -> Option<BoxFuture<'a, Result<(), ProjectionError>>> {
         Some(Box::pin(async move {
-            let lookup =
-                format!("SELECT operation_id FROM \"{table}_streams\" WHERE stream_id = $1");
-            let by_operation =
-                format!("DELETE FROM \"{table}\" WHERE operation_id = $2 AND stream_id = $1");
-            let by_stream = format!("DELETE FROM \"{table}\" WHERE stream_id = $1 AND $2 IS NULL");
+            let rows = format!("DELETE FROM \"{table}\" WHERE stream_id = $1");
             let streams = format!("DELETE FROM \"{table}_streams\" WHERE stream_id = $1");
             either!(conn, c => {
-                let operation: Option<Option<String>> =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(lookup))
+                for sql in [rows, streams] {
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
                         .bind(stream)
-                        .fetch_optional(&mut *c)
+                        .execute(&mut *c)
                         .await?;
-                let operation = operation.flatten().filter(|_| in_category(stream, "op"));
-                let main = if operation.is_some() {
-                    by_operation
-                } else {
-                    by_stream
-                };
-                sqlx::query(sqlx::AssertSqlSafe(main))
-                    .bind(stream)
-                    .bind(operation)
-                    .execute(&mut *c)
-                    .await?;
-                sqlx::query(sqlx::AssertSqlSafe(streams))
-                    .bind(stream)
-                    .execute(&mut *c)
-                    .await?;
+                }
             });
             Ok(())
         }))
@@ -863,25 +846,39 @@ enum Filter<'a> {
     Between(DateTime<Utc>, DateTime<Utc>),
 }
 
+/// An operation's rows, in two parts: those outside its own stream, by the partial index of
+/// operation ids (its predicate repeated verbatim, so that both backends use it); and those of
+/// its own stream, the bulk, at the positions of that stream's events, found through the inline
+/// operation_status (the stream id) and the ledger's (stream_id, version) index
+/// (`projections/audit_trail`). The parts are disjoint: only the operation's stream starts with
+/// `op-` and names it.
+const BY_OPERATION: &str = "\
+    SELECT * FROM \"audit_trail\" \
+        WHERE operation_id = $1 AND substr(stream_id, 1, 3) <> 'op-' \
+    UNION ALL \
+    SELECT * FROM \"audit_trail\" \
+        WHERE operation_id = $1 AND position IN (SELECT position FROM events WHERE stream_id = \
+            (SELECT stream_id FROM operation_status WHERE operation_id = $1))";
+
 async fn select(
     pool: ReadPool<'_>,
     filter: Filter<'_>,
     limit: u32,
 ) -> Result<Vec<AuditEntry>, ReadError> {
-    let condition = match filter {
-        Filter::Operation(_) => "operation_id = $1",
-        Filter::User(_) => "user_id = $1",
-        Filter::Chat(_) => "chat_id = $1",
-        Filter::Between(..) => "recorded_at >= $1 AND recorded_at < $2",
+    let rows = match filter {
+        Filter::Operation(_) => format!("({BY_OPERATION}) AS rows"),
+        Filter::User(_) => format!("\"{NAME}\" WHERE user_id = $1"),
+        Filter::Chat(_) => format!("\"{NAME}\" WHERE chat_id = $1"),
+        Filter::Between(..) => {
+            format!("\"{NAME}\" WHERE recorded_at >= $1 AND recorded_at < $2")
+        }
     };
     let limit_param = if matches!(filter, Filter::Between(..)) {
         "$3"
     } else {
         "$2"
     };
-    let sql = format!(
-        "SELECT {COLUMNS} FROM \"{NAME}\" WHERE {condition} ORDER BY position LIMIT {limit_param}"
-    );
+    let sql = format!("SELECT {COLUMNS} FROM {rows} ORDER BY position LIMIT {limit_param}");
     let limit = rows::limit(limit);
     either!(pool, p => {
         let query = sqlx::query(sqlx::AssertSqlSafe(sql));

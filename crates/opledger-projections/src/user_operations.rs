@@ -401,6 +401,11 @@ async fn upsert_postgres(
     Ok(())
 }
 
+/// One operation's row, found by its stream id through the inline `operation_status`
+/// ([`crate::operation_status::NAME`]), which both backends' readers see beside this table.
+const OPERATION_CONDITION: &str =
+    "stream_id = (SELECT stream_id FROM operation_status WHERE operation_id = $1)";
+
 /// Which rows to read: a (bot, user) or (bot, chat) pair, or one operation.
 enum Filter<'a> {
     User(&'a str, i64),
@@ -413,7 +418,9 @@ impl Filter<'_> {
         match self {
             Filter::User(..) => "bot = $1 AND user_id = $2",
             Filter::Chat(..) => "bot = $1 AND chat_id = $2",
-            Filter::Operation(_) => "operation_id = $1",
+            // Through the inline operation_status (its unique index of operation ids) to the
+            // stream id this table is keyed by: no index of random operation ids here.
+            Filter::Operation(_) => OPERATION_CONDITION,
         }
     }
 
