@@ -7,7 +7,8 @@
 //! ledger, with the read models' lag at the end. The bot's Bot API is a fake on loopback that
 //! answers every reply at once. The raw one-row-per-transaction SQLite insert
 //! rate of the store benchmark is measured in the same run. Prints one table of every phase and,
-//! per backend, the variants side by side.
+//! per backend, the variants side by side with how busy the cores were and the CPU time per
+//! update of the service and the database server.
 //!
 //! `cargo bench -p opledger-cli --bench load`
 //!
@@ -173,6 +174,72 @@ struct Measured {
     p99: Duration,
     max: Duration,
     errors: u64,
+    /// Where the machine's CPU went meanwhile (closed loop only; Linux only).
+    cpu: Option<Cpu>,
+}
+
+/// The machine's CPU over a phase, from `/proc`: how busy its cores were (this process's share
+/// included), and the CPU time spent per acknowledged update by everything but this process
+/// (which is the load generator and the fake Bot API): the service and the database server.
+/// Whether a variant is slower for want of CPU or for waiting shows here: once every core is
+/// busy, acks/s can only be the cores' time over the CPU time per ack.
+#[derive(Clone, Copy)]
+struct Cpu {
+    busy: f64,
+    per_ack: Duration,
+}
+
+/// Clock ticks: the machine's busy and total (all cores), and this process's.
+#[derive(Clone, Copy)]
+struct Ticks {
+    busy: u64,
+    total: u64,
+    own: u64,
+}
+
+impl Ticks {
+    fn now() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .map(|f| f.parse().unwrap_or(0))
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest time is within user).
+        let total: u64 = fields.iter().take(8).sum();
+        let idle = fields.get(3)? + fields.get(4)?;
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+        let rest: Vec<u64> = own
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|f| f.parse().unwrap_or(0))
+            .collect();
+        Some(Self {
+            busy: total - idle,
+            total,
+            own: rest.iter().sum(),
+        })
+    }
+
+    /// From `self` to `later`, for `acks` updates acknowledged meanwhile.
+    fn until(self, later: Option<Self>, acks: f64) -> Option<Cpu> {
+        let later = later?;
+        // USER_HZ is 100 on every Linux this runs on.
+        let seconds = |ticks: u64| ticks as f64 / 100.0;
+        let total = later.total.checked_sub(self.total)?;
+        let busy = later.busy.checked_sub(self.busy)?;
+        let others = busy.saturating_sub(later.own.saturating_sub(self.own));
+        (total > 0 && acks > 0.0).then(|| Cpu {
+            busy: busy as f64 / total as f64,
+            per_ack: Duration::from_secs_f64(seconds(others) / acks),
+        })
+    }
 }
 
 fn summarize(
@@ -190,6 +257,7 @@ fn summarize(
         p99: at(0.99),
         max: *latencies.last().expect("some requests"),
         errors,
+        cpu: None,
     }
 }
 
@@ -217,6 +285,7 @@ async fn closed_loop(url: &str, senders: u64, seconds: u64, next: Arc<AtomicU64>
         .expect("client");
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
+    let ticks = Ticks::now();
     let errors = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..senders)
         .map(|_| {
@@ -241,12 +310,17 @@ async fn closed_loop(url: &str, senders: u64, seconds: u64, next: Arc<AtomicU64>
     for task in tasks {
         latencies.extend(task.await.expect("sender"));
     }
-    summarize(
-        format!("{senders} concurrent senders, as fast as acknowledged"),
-        latencies,
-        started.elapsed(),
-        errors.load(Ordering::Relaxed),
-    )
+    let acks = latencies.len() as f64;
+    let cpu = ticks.and_then(|ticks| ticks.until(Ticks::now(), acks));
+    Measured {
+        cpu,
+        ..summarize(
+            format!("{senders} concurrent senders, as fast as acknowledged"),
+            latencies,
+            started.elapsed(),
+            errors.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// Updates sent at a fixed `rate`, whatever the answers do (open loop), for `seconds`.
@@ -414,9 +488,9 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     };
     println!("\n`serve` on {backend}, side by side ({heading}):\n");
     println!(
-        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end |"
+        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end | cores busy (closed loop) | CPU µs per ack, all but the load generator |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for variant in runs {
         let Some(last) = variant.last() else { continue };
         let ratio = ratios(variant);
@@ -432,8 +506,23 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             .filter_map(|r| r.lag)
             .map(|l| l as f64)
             .collect();
+        let cpu: Vec<Cpu> = variant.iter().filter_map(|r| r.full.cpu).collect();
+        let (busy, per_ack) = if cpu.is_empty() {
+            ("-".to_owned(), "-".to_owned())
+        } else {
+            (
+                format!(
+                    "{:.0}%",
+                    100.0 * median(cpu.iter().map(|c| c.busy).collect())
+                ),
+                format!(
+                    "{:.0}",
+                    median(cpu.iter().map(|c| c.per_ack.as_secs_f64() * 1e6).collect())
+                ),
+            )
+        };
         println!(
-            "| {} | {:.0} | {:.2}x{spread} | {} | {} | {} | {} | {} |",
+            "| {} | {:.0} | {:.2}x{spread} | {} | {} | {} | {} | {} | {busy} | {per_ack} |",
             last.variant,
             of(variant, &|r| r.full.acks_per_second),
             median(ratio),
@@ -452,7 +541,13 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             },
         );
     }
-    if let Some(everything) = runs.last() {
+    // The targets compare everything with intake only: judged only when both were run.
+    let is = |variant: Option<&Vec<Run>>, name: &str| {
+        variant.and_then(|v| v.first()).map(|r| r.variant) == Some(name)
+    };
+    if let Some(everything) = runs.last().filter(|_| {
+        is(runs.first(), VARIANTS[0].0) && is(runs.last(), VARIANTS[VARIANTS.len() - 1].0)
+    }) {
         let ratio = median(ratios(everything));
         let p99 = of(everything, &|r| r.paced.p99.as_secs_f64());
         let bound = if backend == "SQLite" { 5 } else { 10 };
@@ -467,6 +562,36 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             },
             ms(p99),
         );
+        let per_ack = |variant: &[Run]| {
+            let cpu: Vec<f64> = variant
+                .iter()
+                .filter_map(|r| r.full.cpu.map(|c| c.per_ack.as_secs_f64()))
+                .collect();
+            (!cpu.is_empty()).then(|| median(cpu))
+        };
+        let busy = |variant: &[Run]| {
+            median(
+                variant
+                    .iter()
+                    .filter_map(|r| r.full.cpu.map(|c| c.busy))
+                    .collect(),
+            )
+        };
+        if let (Some(intake), Some(intake_cpu), Some(all)) = (
+            runs.first(),
+            runs.first().and_then(|r| per_ack(r)),
+            per_ack(everything),
+        ) {
+            println!(
+                "CPU ({backend}, closed loop): intake only keeps the cores {:.0}% busy and takes \
+                 {:.0} µs per ack, everything {:.0}% and {:.0} µs per ack ({:+.0}%)",
+                busy(intake) * 100.0,
+                intake_cpu * 1e6,
+                busy(everything) * 100.0,
+                all * 1e6,
+                (all / intake_cpu - 1.0) * 100.0,
+            );
+        }
     }
 }
 
