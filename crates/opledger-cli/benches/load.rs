@@ -180,25 +180,43 @@ struct Measured {
 
 /// The machine's CPU over a phase, from `/proc`: how busy its cores were (this process's share
 /// included), and the CPU time spent per acknowledged update by everything but this process
-/// (which is the load generator and the fake Bot API): the service and the database server.
-/// Whether a variant is slower for want of CPU or for waiting shows here: once every core is
-/// busy, acks/s can only be the cores' time over the CPU time per ack.
+/// (which is the load generator and the fake Bot API), of which by the service itself; the rest
+/// is the database server's (PostgreSQL) or the machine's. Whether a variant is slower for want
+/// of CPU or for waiting shows here: once every core is busy, acks/s can only be the cores'
+/// time over the CPU time per ack.
 #[derive(Clone, Copy)]
 struct Cpu {
     busy: f64,
     per_ack: Duration,
+    service_per_ack: Duration,
 }
 
-/// Clock ticks: the machine's busy and total (all cores), and this process's.
+/// Clock ticks: the machine's busy and total (all cores), this process's and the service's.
 #[derive(Clone, Copy)]
 struct Ticks {
     busy: u64,
     total: u64,
     own: u64,
+    service: u64,
+}
+
+/// A process's user and system ticks (`/proc/<pid>/stat`).
+fn process_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    let ticks: Vec<u64> = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    Some(ticks.iter().sum())
 }
 
 impl Ticks {
-    fn now() -> Option<Self> {
+    fn now(service: u32) -> Option<Self> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
         let fields: Vec<u64> = stat
             .lines()
@@ -210,20 +228,11 @@ impl Ticks {
         // user nice system idle iowait irq softirq steal (guest time is within user).
         let total: u64 = fields.iter().take(8).sum();
         let idle = fields.get(3)? + fields.get(4)?;
-        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
-        let rest: Vec<u64> = own
-            .rsplit_once(')')?
-            .1
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .map(|f| f.parse().unwrap_or(0))
-            .collect();
         Some(Self {
             busy: total - idle,
             total,
-            own: rest.iter().sum(),
+            own: process_ticks("self")?,
+            service: process_ticks(&service.to_string())?,
         })
     }
 
@@ -231,13 +240,15 @@ impl Ticks {
     fn until(self, later: Option<Self>, acks: f64) -> Option<Cpu> {
         let later = later?;
         // USER_HZ is 100 on every Linux this runs on.
-        let seconds = |ticks: u64| ticks as f64 / 100.0;
+        let per_ack = |ticks: u64| Duration::from_secs_f64(ticks as f64 / 100.0 / acks);
         let total = later.total.checked_sub(self.total)?;
         let busy = later.busy.checked_sub(self.busy)?;
         let others = busy.saturating_sub(later.own.saturating_sub(self.own));
+        let service = later.service.checked_sub(self.service)?;
         (total > 0 && acks > 0.0).then(|| Cpu {
             busy: busy as f64 / total as f64,
-            per_ack: Duration::from_secs_f64(seconds(others) / acks),
+            per_ack: per_ack(others),
+            service_per_ack: per_ack(service),
         })
     }
 }
@@ -278,14 +289,20 @@ async fn post(client: &reqwest::Client, url: &str, n: u64) -> Result<Duration, (
 }
 
 /// `senders` tasks each send the next update as soon as the previous one is acknowledged.
-async fn closed_loop(url: &str, senders: u64, seconds: u64, next: Arc<AtomicU64>) -> Measured {
+async fn closed_loop(
+    url: &str,
+    service: u32,
+    senders: u64,
+    seconds: u64,
+    next: Arc<AtomicU64>,
+) -> Measured {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(senders as usize)
         .build()
         .expect("client");
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
-    let ticks = Ticks::now();
+    let ticks = Ticks::now(service);
     let errors = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..senders)
         .map(|_| {
@@ -311,7 +328,7 @@ async fn closed_loop(url: &str, senders: u64, seconds: u64, next: Arc<AtomicU64>
         latencies.extend(task.await.expect("sender"));
     }
     let acks = latencies.len() as f64;
-    let cpu = ticks.and_then(|ticks| ticks.until(Ticks::now(), acks));
+    let cpu = ticks.and_then(|ticks| ticks.until(Ticks::now(service), acks));
     Measured {
         cpu,
         ..summarize(
@@ -417,7 +434,7 @@ async fn run_variant(
     let (service, url) = start(dir, storage_url, api, args);
     let next = Arc::new(AtomicU64::new(0));
     eprintln!("{name}, {variant}: {senders} senders for {seconds} s...");
-    let full = closed_loop(&url, senders, seconds, next.clone()).await;
+    let full = closed_loop(&url, service.pid(), senders, seconds, next.clone()).await;
     let worker = !args.contains(&"--no-worker");
     let before = worker.then(|| worker_backlog(&service));
     let quarter = full.acks_per_second / 4.0;
@@ -488,7 +505,7 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     };
     println!("\n`serve` on {backend}, side by side ({heading}):\n");
     println!(
-        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end | cores busy (closed loop) | CPU µs per ack, all but the load generator |"
+        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end | cores busy (closed loop) | CPU µs per ack, all but the load generator (of it the service) |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for variant in runs {
@@ -516,8 +533,13 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
                     100.0 * median(cpu.iter().map(|c| c.busy).collect())
                 ),
                 format!(
-                    "{:.0}",
-                    median(cpu.iter().map(|c| c.per_ack.as_secs_f64() * 1e6).collect())
+                    "{:.0} ({:.0})",
+                    median(cpu.iter().map(|c| c.per_ack.as_secs_f64() * 1e6).collect()),
+                    median(
+                        cpu.iter()
+                            .map(|c| c.service_per_ack.as_secs_f64() * 1e6)
+                            .collect()
+                    )
                 ),
             )
         };

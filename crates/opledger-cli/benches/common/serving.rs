@@ -70,6 +70,12 @@ impl Service {
         }
     }
 
+    /// Its process id.
+    #[allow(dead_code)] // read by the load bench
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn stop(mut self) {
         let _ = Command::new("kill")
             .arg("-TERM")
