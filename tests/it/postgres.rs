@@ -728,3 +728,37 @@ async fn the_cli_migrates_and_prints_a_postgres_ledger() {
         stderr(&newer)
     );
 }
+
+/// The worker's queue reads find due operations through the queue's partial index from the
+/// table's first moment on. Plans made for the parameters before the table's first ANALYZE
+/// (its first minute, every benchmark) scanned and sorted all its rows, finished operations
+/// included, at every look: about one look per operation taken.
+#[tokio::test]
+async fn the_workers_queue_reads_stay_on_the_queue_index_before_any_analyze() {
+    use crate::support::app::{Backend, Ledger};
+    use opledger_projections::operation_status::due_sql;
+    use opledger_store::ReadPool;
+
+    let Some(ledger) = Ledger::create(Backend::Postgres).await else {
+        return;
+    };
+    let store = ledger.open().await;
+    let ReadPool::Postgres(queue) = store.queue_reader() else {
+        panic!("a PostgreSQL ledger reads its queue from PostgreSQL");
+    };
+    let explain = format!(
+        "EXPLAIN {}",
+        due_sql(opledger_projections::Backend::Postgres, false)
+    );
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .bind(Utc::now())
+        .bind(vec!["coupon".to_owned()])
+        .bind(4_i64)
+        .fetch_all(queue)
+        .await
+        .expect("explain the queue's read");
+    let plan = plan.join("\n");
+    assert!(plan.contains("operation_status_work_due"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+    store.close().await;
+}

@@ -845,13 +845,7 @@ pub async fn due(
     limit: u32,
 ) -> Result<Vec<OperationStatusRow>, ReadError> {
     let limit = i64::from(limit.max(1));
-    let sql = format!(
-        "SELECT {COLUMNS} FROM operation_status \
-         WHERE due_at IS NOT NULL AND due_at <= $1 AND {} {} \
-         ORDER BY due_at LIMIT $3",
-        pool.backend().in_list("action", "$2"),
-        without_terminal(replies)
-    );
+    let sql = due_sql(pool.backend(), replies);
     let rows = either!(pool, p => sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(Time(now))
         .bind(TextList(actions))
@@ -860,6 +854,18 @@ pub async fn due(
         .fetch_all(p)
         .await?);
     Ok(rows)
+}
+
+/// The statement [`due`] runs: `$1` the time, `$2` the actions, `$3` the limit (for `EXPLAIN`
+/// in tests and diagnostics).
+pub fn due_sql(backend: Backend, replies: bool) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM operation_status \
+         WHERE due_at IS NOT NULL AND due_at <= $1 AND {} {} \
+         ORDER BY due_at LIMIT $3",
+        backend.in_list("action", "$2"),
+        without_terminal(replies)
+    )
 }
 
 /// When the next operation of `actions` becomes due, if any is waiting: how long a worker with

@@ -76,6 +76,13 @@ impl AnyStore {
         either!(map self, store => store.reader())
     }
 
+    /// The worker's queue reads (which operations are due): on PostgreSQL, connections whose
+    /// plans stay on the queue's index whatever the table's statistics say; on SQLite, the
+    /// read pool.
+    pub fn queue_reader(&self) -> ReadPool<'_> {
+        either!(map self, store => store.queue_reader())
+    }
+
     /// This process's foreground work before its background work on this store (see
     /// [`Priority`](crate::Priority)).
     pub fn priority(&self) -> &crate::Priority {

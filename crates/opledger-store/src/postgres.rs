@@ -99,6 +99,7 @@ pub struct PgStore {
 #[derive(Debug)]
 struct Inner {
     readers: PgPool,
+    queue: PgPool,
     projections: PgPool,
     appender: Appender,
     listener: JoinHandle<()>,
@@ -138,21 +139,7 @@ impl PgStore {
         // plan cached while the ledger was small (scan and sort every event) would otherwise
         // outlive the growth, since nothing guarantees an ANALYZE to invalidate it. These
         // queries are simple; planning them costs little.
-        let readers = PgPoolOptions::new()
-            .max_connections(options.read_connections.max(1))
-            .acquire_timeout(options.connect_timeout)
-            // sqlx asks every connection it hands out whether it still answers: a round trip
-            // before each read. Only one idle long enough to have died meanwhile (a restarted
-            // server) is asked, like the writer's; one that fails is closed, another taken.
-            .test_before_acquire(false)
-            .before_acquire(|connection, meta| {
-                Box::pin(async move {
-                    if meta.idle_for > IDLE_CHECK {
-                        connection.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
+        let readers = read_pool(options.read_connections.max(1), options.connect_timeout)
             .connect_with(
                 connect
                     .clone()
@@ -160,6 +147,17 @@ impl PgStore {
             )
             .await
             .map_err(open_error)?;
+        // The worker's queue reads (`due`, `next_due`: up to a few rows through a partial index
+        // on `due_at`) are planned once per session on their index, like the writer's
+        // statements: custom plans made before the table's first ANALYZE (its first minute, and
+        // every benchmark) scanned and sorted all of its rows at every look, finished ones
+        // included.
+        let queue_settings = queue_settings();
+        let queue = read_pool(2, options.connect_timeout).connect_lazy_with(
+            connect
+                .clone()
+                .options(queue_settings.iter().map(|(name, value)| (*name, *value))),
+        );
         // Asynchronous read models write on their own connections (transactions, and a session
         // advisory lock per projection runner), never on the readers'.
         let projections = PgPoolOptions::new()
@@ -190,6 +188,7 @@ impl PgStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 readers,
+                queue,
                 projections,
                 appender,
                 listener,
@@ -203,12 +202,19 @@ impl PgStore {
         self.inner.appender.close().await;
         self.inner.listener.abort();
         self.inner.readers.close().await;
+        self.inner.queue.close().await;
         self.inner.projections.close().await;
     }
 
     /// The read pool, for read models that live in the same database.
     pub fn reader(&self) -> &PgPool {
         &self.inner.readers
+    }
+
+    /// Read-only connections for the worker's queue: which operations are due, and when the
+    /// next one will be. Their plans stay on the queue's index (see [`queue_settings`]).
+    pub fn queue_reader(&self) -> &PgPool {
+        &self.inner.queue
     }
 
     /// This process's foreground work (intake) before its background work (the worker, the
@@ -863,6 +869,37 @@ fn writer_settings(lock_timeout: Duration) -> [(&'static str, String); 3] {
         ("enable_seqscan", "off".to_owned()),
         ("plan_cache_mode", "force_generic_plan".to_owned()),
     ]
+}
+
+/// The worker's queue connections: read-only, and planned like the writer (index paths, one
+/// plan per statement and session), since their statements find a few rows through the queue's
+/// partial index, which is the right plan at every size of the table.
+fn queue_settings() -> [(&'static str, &'static str); 3] {
+    [
+        ("default_transaction_read_only", "on"),
+        ("enable_seqscan", "off"),
+        ("plan_cache_mode", "force_generic_plan"),
+    ]
+}
+
+/// A read pool's options: `max` connections, each checked only after it idled long enough to
+/// have died meanwhile.
+fn read_pool(max: u32, acquire_timeout: Duration) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(acquire_timeout)
+        // sqlx asks every connection it hands out whether it still answers: a round trip
+        // before each read. Only one idle long enough to have died meanwhile (a restarted
+        // server) is asked, like the writer's; one that fails is closed, another taken.
+        .test_before_acquire(false)
+        .before_acquire(|connection, meta| {
+            Box::pin(async move {
+                if meta.idle_for > IDLE_CHECK {
+                    connection.ping().await?;
+                }
+                Ok(true)
+            })
+        })
 }
 
 /// `SET` statements for settings a connection was opened without.

@@ -220,6 +220,12 @@ impl SqliteStore {
         &self.inner.readers
     }
 
+    /// The worker's queue reads go to the read pool: SQLite's planner takes the queue's index
+    /// without statistics.
+    pub fn queue_reader(&self) -> &SqlitePool {
+        &self.inner.readers
+    }
+
     /// This process's foreground work (intake) before its background work (the worker, the
     /// read models) on this store; shared by its clones.
     pub fn priority(&self) -> &Priority {

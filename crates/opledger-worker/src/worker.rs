@@ -252,7 +252,7 @@ impl Worker {
             let mut due_now = queue.len() > capacity / 2;
             if !due_now {
                 match operation_status::due(
-                    inner.ops.store().reader(),
+                    inner.ops.store().queue_reader(),
                     now,
                     &inner.action_names,
                     inner.options.replies,
@@ -357,7 +357,7 @@ impl Worker {
     pub async fn run_due(&self) -> Result<usize, WorkerError> {
         let inner = &self.inner;
         let mut rows = operation_status::due(
-            inner.ops.store().reader(),
+            inner.ops.store().queue_reader(),
             inner.ops.now(),
             &inner.action_names,
             inner.options.replies,
@@ -388,7 +388,7 @@ impl Worker {
     async fn idle_wait(&self, now: DateTime<Utc>) -> Duration {
         let inner = &self.inner;
         let next = operation_status::next_due(
-            inner.ops.store().reader(),
+            inner.ops.store().queue_reader(),
             &inner.action_names,
             inner.options.replies,
         )
