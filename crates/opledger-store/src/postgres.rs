@@ -152,12 +152,8 @@ impl PgStore {
         // statements: custom plans made before the table's first ANALYZE (its first minute, and
         // every benchmark) scanned and sorted all of its rows at every look, finished ones
         // included.
-        let queue_settings = queue_settings();
-        let queue = read_pool(2, options.connect_timeout).connect_lazy_with(
-            connect
-                .clone()
-                .options(queue_settings.iter().map(|(name, value)| (*name, *value))),
-        );
+        let queue = read_pool(2, options.connect_timeout)
+            .connect_lazy_with(connect.clone().options(queue_settings()));
         // Asynchronous read models write on their own connections (transactions, and a session
         // advisory lock per projection runner), never on the readers'.
         let projections = PgPoolOptions::new()
