@@ -535,20 +535,68 @@ async fn caught_up(serving: &Serving, http: &reqwest::Client, address: SocketAdd
     .await;
 }
 
+/// `opledger serve` on a new ledger in its own folder, ten updates delivered and the read
+/// models caught up.
+struct TenServed {
+    _telegram: FakeTelegram,
+    dir: tempfile::TempDir,
+    ledger: PathBuf,
+    read_models: PathBuf,
+    config: PathBuf,
+    serving: Serving,
+    address: SocketAddr,
+    http: reqwest::Client,
+}
+
+impl TenServed {
+    async fn start() -> Self {
+        let telegram = FakeTelegram::start(TOKEN).await;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let ledger = dir.path().join("ledger.db");
+        let read_models = dir.path().join("ledger.read-models.db");
+        let config = config(dir.path(), &ledger, &telegram.base_url());
+        let mut serving = serve(&config);
+        let address = serving.address().await;
+        let http = reqwest::Client::new();
+        for id in 1..=10 {
+            assert_eq!(deliver(&http, address, id).await, 200, "update {id}");
+        }
+        caught_up(&serving, &http, address).await;
+        Self {
+            _telegram: telegram,
+            dir,
+            ledger,
+            read_models,
+            config,
+            serving,
+            address,
+            http,
+        }
+    }
+
+    /// Starts the service again (after a stop) and waits until the read models are rebuilt:
+    /// one audit row per event of the ledger.
+    async fn restart_and_rebuild(&mut self) {
+        self.serving = serve(&self.config);
+        self.address = self.serving.address().await;
+        caught_up(&self.serving, &self.http, self.address).await;
+        let (events, _) = ledger_events(&self.ledger).await;
+        assert_eq!(
+            rows_in(&self.read_models, "audit_trail").await,
+            i64::try_from(events.len()).expect("a count"),
+            "one audit row per event"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_read_models_file_deleted_under_serve_leaves_the_ledger_going_and_is_rebuilt() {
-    let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let ledger = dir.path().join("ledger.db");
-    let read_models = dir.path().join("ledger.read-models.db");
-    let config = config(dir.path(), &ledger, &telegram.base_url());
-    let mut serving = serve(&config);
-    let address = serving.address().await;
-    let http = reqwest::Client::new();
-    for id in 1..=10 {
-        assert_eq!(deliver(&http, address, id).await, 200, "update {id}");
-    }
-    caught_up(&serving, &http, address).await;
+    let mut ten = TenServed::start().await;
+    let (ledger, read_models, http) = (
+        ten.ledger.clone(),
+        ten.read_models.clone(),
+        ten.http.clone(),
+    );
     // The asynchronous read models are in their own file, the inline one in the ledger's.
     let (events, _) = ledger_events(&ledger).await;
     assert!(rows_in(&read_models, "audit_trail").await >= 20);
@@ -563,8 +611,9 @@ async fn the_read_models_file_deleted_under_serve_leaves_the_ledger_going_and_is
         let _ = std::fs::remove_file(path);
     }
     for id in 11..=20 {
-        assert_eq!(deliver(&http, address, id).await, 200, "update {id}");
+        assert_eq!(deliver(&http, ten.address, id).await, 200, "update {id}");
     }
+    let serving = &mut ten.serving;
     assert!(serving.terminate().await.success(), "{}", serving.stderr());
     assert!(
         serving
@@ -575,17 +624,78 @@ async fn the_read_models_file_deleted_under_serve_leaves_the_ledger_going_and_is
     );
 
     // After a restart the read models are rebuilt in a new file, every event in them.
-    let mut serving = serve(&config);
-    let address = serving.address().await;
-    caught_up(&serving, &http, address).await;
-    let (events, _) = ledger_events(&ledger).await;
-    assert_eq!(
-        rows_in(&read_models, "audit_trail").await,
-        i64::try_from(events.len()).expect("a count"),
-        "one audit row per event"
-    );
+    ten.restart_and_rebuild().await;
     assert_eq!(recorded_updates(&ledger).await, (1..=20).collect());
+    let serving = &mut ten.serving;
     assert!(serving.terminate().await.success(), "{}", serving.stderr());
+}
+
+/// The markers beside the read models' file that say a process writes it unsynced.
+fn unsynced_markers(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("list the folder")
+        .map(|entry| entry.expect("an entry").path())
+        .filter(|path| {
+            path.file_name().is_some_and(|n| {
+                n.to_string_lossy()
+                    .starts_with("ledger.read-models.db-unsynced-")
+            })
+        })
+        .collect()
+}
+
+/// The read models' file is written unsynced under a marker: a clean stop syncs it and removes
+/// the marker; a marker left from another boot (the machine went down while a process wrote
+/// the file) makes the next start discard the file and rebuild every read model from the
+/// ledger.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_models_file_left_unsynced_by_a_machine_crash_is_rebuilt() {
+    let mut ten = TenServed::start().await;
+    let (dir, serving) = (ten.dir.path().to_owned(), &mut ten.serving);
+    assert_eq!(unsynced_markers(&dir).len(), 1, "one marker while serving");
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+    assert_eq!(
+        unsynced_markers(&dir),
+        Vec::<PathBuf>::new(),
+        "gone at a clean stop"
+    );
+
+    // As a process of the boot before would leave it: a marker, and pages that may be torn
+    // (here a table no read model has, which a rebuilt file cannot hold).
+    std::fs::write(
+        dir.join("ledger.read-models.db-unsynced-4242-0"),
+        "00000000-0000-0000-0000-000000000000",
+    )
+    .expect("write the marker");
+    {
+        use sqlx::ConnectOptions;
+        let mut connection = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&ten.read_models)
+            .connect()
+            .await
+            .expect("open the read models' file");
+        sqlx::raw_sql("CREATE TABLE torn (x); INSERT INTO torn VALUES (1)")
+            .execute(&mut connection)
+            .await
+            .expect("write the read models' file");
+    }
+
+    ten.restart_and_rebuild().await;
+    assert_eq!(
+        rows_in(&ten.read_models, "torn").await,
+        0,
+        "the file was discarded"
+    );
+    let serving = &mut ten.serving;
+    let markers = unsynced_markers(&dir);
+    assert_eq!(markers.len(), 1, "only this process's marker: {markers:?}");
+    assert!(serving.terminate().await.success(), "{}", serving.stderr());
+    assert!(
+        serving.stderr().contains("discarding it"),
+        "the service says why the read models are rebuilt: {}",
+        serving.stderr()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

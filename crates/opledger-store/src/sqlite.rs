@@ -88,6 +88,8 @@ struct Inner {
     projections: SqlitePool,
     /// The one writable connection on the read models' own file (`read_models.rs`).
     read_models: SqlitePool,
+    /// This process writes that file unsynced (taken when the store closes).
+    unsynced: std::sync::Mutex<Option<read_models::Unsynced>>,
     /// That file as opened, to notice it deleted or replaced.
     read_model_file: read_models::ReadModelFile,
     appender: Appender,
@@ -132,7 +134,8 @@ impl SqliteStore {
         let files = LedgerFiles::remember(connect.get_filename())
             .map(Arc::new)
             .map_err(|e| open_error(sqlx::Error::Io(e)))?;
-        let (read_models, read_model_path) = read_models::open(&connect, &mut writer).await?;
+        let (read_models, read_model_path, unsynced) =
+            read_models::open(&connect, &mut writer).await?;
         let attach = Arc::new(read_model_path.clone());
         let read_model_file = read_models::ReadModelFile::remember(read_model_path)
             .map_err(|e| open_error(sqlx::Error::Io(e)))?;
@@ -183,6 +186,7 @@ impl SqliteStore {
                 readers,
                 projections,
                 read_models,
+                unsynced: std::sync::Mutex::new(unsynced),
                 read_model_file,
                 appender,
                 checkpointer,
@@ -200,7 +204,13 @@ impl SqliteStore {
         self.inner.checkpointer.abort();
         self.inner.readers.close().await;
         self.inner.projections.close().await;
-        self.inner.read_models.close().await;
+        let unsynced = self
+            .inner
+            .unsynced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        read_models::close(&self.inner.read_models, unsynced).await;
         if let Some(keeper) = self.inner.keeper.lock().await.take()
             && let Err(error) = keeper.close().await
         {
@@ -795,6 +805,56 @@ mod tests {
             .expect("read temp_store");
         assert_eq!(temp_store, 2, "MEMORY");
         store.close().await;
+    }
+
+    /// The read models' file is written unsynced (`synchronous=OFF`, read_models.rs) while a
+    /// marker with the machine's boot id says so beside it; a clean close syncs it and removes
+    /// the marker.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_read_models_file_is_written_unsynced_under_a_marker_until_a_synced_close() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let markers = || {
+            std::fs::read_dir(dir.path())
+                .expect("list the folder")
+                .map(|entry| entry.expect("an entry").path())
+                .filter(|path| {
+                    path.file_name()
+                        .is_some_and(|n| n.to_string_lossy().contains("-unsynced-"))
+                })
+                .collect::<Vec<_>>()
+        };
+        let store = SqliteStore::open(&url, SqliteOptions::default())
+            .await
+            .expect("open");
+        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(store.read_model_pool())
+            .await
+            .expect("read synchronous");
+        assert_eq!(synchronous, 0, "OFF");
+        let written = markers();
+        assert_eq!(written.len(), 1, "{written:?}");
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+        assert_eq!(
+            std::fs::read_to_string(&written[0]).expect("read the marker"),
+            boot.trim()
+        );
+        sqlx::query("CREATE TABLE written (x)")
+            .execute(store.read_model_pool())
+            .await
+            .expect("write the read models' file");
+        store.close().await;
+        assert_eq!(
+            markers(),
+            Vec::<std::path::PathBuf>::new(),
+            "the marker goes at a synced close"
+        );
+        let wal = dir.path().join("ledger.read-models.db-wal");
+        assert!(
+            std::fs::metadata(&wal).ok().is_none_or(|m| m.len() == 0),
+            "nothing left in the log"
+        );
     }
 
     /// The bundled SQLite is built as `.cargo/config.toml` asks (`LIBSQLITE3_FLAGS`): without
