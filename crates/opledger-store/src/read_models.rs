@@ -264,10 +264,12 @@ pub(crate) async fn close(pool: &SqlitePool, unsynced: Option<Unsynced>) {
     }
 }
 
-/// A synced `TRUNCATE` checkpoint on the pool's connection; `true` if it emptied the log.
+/// A synced `TRUNCATE` checkpoint on the pool's connection; `true` if it emptied the log. It
+/// waits at most a quarter of a second for another process's readers and writer of the file
+/// (a close is not held up for `busy_timeout`); if they are still busy, the marker stays.
 async fn sync(pool: &SqlitePool) -> Result<bool, sqlx::Error> {
     let mut connection = pool.acquire().await?;
-    sqlx::query("PRAGMA synchronous = NORMAL")
+    sqlx::raw_sql("PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 250")
         .execute(&mut *connection)
         .await?;
     let (busy, frames, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
