@@ -732,6 +732,12 @@ async fn a_read_models_file_of_another_ledger_is_refused() {
         err.contains("belongs to another ledger") && err.contains("ledger.read-models.db"),
         "{err}"
     );
+    // Nothing was written in it: no marker is left that would discard it after a reboot.
+    assert_eq!(
+        unsynced_markers(two),
+        Vec::<PathBuf>::new(),
+        "a refused file keeps no marker"
+    );
     // Moved away, the service starts again and rebuilds its read models.
     std::fs::remove_file(two.join("ledger.read-models.db")).expect("remove the copy");
     let mut serving = serve(config);

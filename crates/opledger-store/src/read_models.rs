@@ -109,7 +109,12 @@ pub(crate) async fn open(
         match binding {
             Binding::Ours => return Ok((pool, path, unsynced)),
             Binding::Foreign => {
+                // Refused before anything was written in it: no marker is left behind that
+                // would discard another ledger's file after the next boot.
                 pool.close().await;
+                if let Some(unsynced) = unsynced {
+                    unsynced.end();
+                }
                 return Err(OpenError::ForeignReadModels { path });
             }
             Binding::Stale if !discarded => {
@@ -124,14 +129,15 @@ pub(crate) async fn open(
             }
             Binding::Stale => {
                 pool.close().await;
+                if let Some(unsynced) = unsynced {
+                    unsynced.end();
+                }
                 return Err(OpenError::ForeignReadModels { path });
             }
         }
     }
 }
 
-/// The file cannot serve: not a database, not writable, or in a folder where it cannot be
-/// created.
 /// Deletes the read-model file at `path` with its log and shared-memory index.
 fn discard(path: &Path) -> std::io::Result<()> {
     for suffix in ["", "-wal", "-shm"] {
@@ -278,6 +284,8 @@ async fn sync(pool: &SqlitePool) -> Result<bool, sqlx::Error> {
     Ok(busy == 0 && frames <= 0)
 }
 
+/// The file cannot serve: not a database, not writable, or in a folder where it cannot be
+/// created.
 fn unusable(path: &Path, source: sqlx::Error) -> OpenError {
     OpenError::ReadModelsUnusable {
         path: path.to_owned(),
