@@ -385,17 +385,17 @@ enum Loss {
 /// acknowledged is in the ledger (the ones acknowledged before the loss only where the loss kept
 /// them) and Telegram's retries are recorded.
 async fn lost(loss: Loss) {
-    let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let ledger = dir.path().join("ledger.db");
+    let ten = TenServed::start().await;
+    let TenServed {
+        dir,
+        ledger,
+        config,
+        mut serving,
+        address,
+        http,
+        ..
+    } = ten;
     let side = |suffix: &str| dir.path().join(format!("ledger.db{suffix}"));
-    let config = config(dir.path(), &ledger, &telegram.base_url());
-    let mut serving = serve(&config);
-    let address = serving.address().await;
-    let http = reqwest::Client::new();
-    for id in 1..=10 {
-        assert_eq!(deliver(&http, address, id).await, 200, "update {id}");
-    }
 
     let lost_file = match loss {
         Loss::Deleted => {
@@ -535,8 +535,7 @@ async fn caught_up(serving: &Serving, http: &reqwest::Client, address: SocketAdd
     .await;
 }
 
-/// `opledger serve` on a new ledger in its own folder, ten updates delivered and the read
-/// models caught up.
+/// `opledger serve` on a new ledger in its own folder, ten updates delivered.
 struct TenServed {
     _telegram: FakeTelegram,
     dir: tempfile::TempDir,
@@ -561,7 +560,6 @@ impl TenServed {
         for id in 1..=10 {
             assert_eq!(deliver(&http, address, id).await, 200, "update {id}");
         }
-        caught_up(&serving, &http, address).await;
         Self {
             _telegram: telegram,
             dir,
@@ -592,6 +590,7 @@ impl TenServed {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_read_models_file_deleted_under_serve_leaves_the_ledger_going_and_is_rebuilt() {
     let mut ten = TenServed::start().await;
+    caught_up(&ten.serving, &ten.http, ten.address).await;
     let (ledger, read_models, http) = (
         ten.ledger.clone(),
         ten.read_models.clone(),
@@ -652,6 +651,7 @@ fn unsynced_markers(dir: &Path) -> Vec<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_models_file_left_unsynced_by_a_machine_crash_is_rebuilt() {
     let mut ten = TenServed::start().await;
+    caught_up(&ten.serving, &ten.http, ten.address).await;
     let (dir, serving) = (ten.dir.path().to_owned(), &mut ten.serving);
     assert_eq!(unsynced_markers(&dir).len(), 1, "one marker while serving");
     assert!(serving.terminate().await.success(), "{}", serving.stderr());

@@ -143,13 +143,17 @@ fn discard(path: &Path) -> std::io::Result<()> {
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.as_os_str().to_owned();
         file.push(suffix);
-        match std::fs::remove_file(&file) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
+        remove_if_present(Path::new(&file))?;
     }
     Ok(())
+}
+
+/// Removes the file at `path`; one already gone is no error.
+fn remove_if_present(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// This store writes the read-model file unsynced: its marker, `<file>-unsynced-<pid>-<n>`,
@@ -204,11 +208,7 @@ impl Unsynced {
             );
             discard(path)?;
             for marker in &stale {
-                match std::fs::remove_file(marker) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
-                }
+                remove_if_present(marker)?;
             }
         }
         // One marker per store: two stores of one process on one file end apart. Written
@@ -256,17 +256,18 @@ fn boot_id() -> Option<String> {
 /// is the marker removed. Otherwise (another process still reads the log, a full disk) the
 /// marker stays, and a machine crash before the next clean close discards the file.
 pub(crate) async fn close(pool: &SqlitePool, unsynced: Option<Unsynced>) {
-    let synced = match &unsynced {
-        Some(_) => sync(pool).await,
-        None => Ok(false),
+    let Some(unsynced) = unsynced else {
+        pool.close().await;
+        return;
     };
+    let synced = sync(pool).await;
     pool.close().await;
-    match (synced, unsynced) {
-        (Ok(true), Some(unsynced)) => unsynced.end(),
-        (Err(error), Some(_)) => {
+    match synced {
+        Ok(true) => unsynced.end(),
+        Ok(false) => {}
+        Err(error) => {
             tracing::debug!(%error, "cannot sync the read models' file; its marker stays");
         }
-        _ => {}
     }
 }
 
