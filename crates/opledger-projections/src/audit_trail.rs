@@ -15,7 +15,7 @@
 //!
 //! Message text never reaches the summaries: a stored raw body is summarised by its size.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;

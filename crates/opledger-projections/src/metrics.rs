@@ -213,7 +213,7 @@ async fn apply_sqlite(
             .collect();
         let sql = format!(
             "INSERT INTO \"{table}\" AS c (name, value) SELECT value ->> 0, value ->> 1 \
-             FROM json_each($1) WHERE true {ADD}"
+             FROM jsonb_each($1) WHERE true {ADD}"
         );
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(serde_json::Value::Array(rows).to_string())
@@ -230,7 +230,7 @@ async fn apply_sqlite(
             .collect();
         let sql = format!(
             "INSERT INTO \"{table}_ops\" (stream_id, status, since) SELECT value ->> 0, \
-             value ->> 1, value ->> 2 FROM json_each($1) WHERE true {OPS_UPDATED}"
+             value ->> 1, value ->> 2 FROM jsonb_each($1) WHERE true {OPS_UPDATED}"
         );
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(serde_json::Value::Array(rows).to_string())

@@ -295,7 +295,7 @@ async fn add_started_sqlite(
         .collect();
     let sql = format!(
         "INSERT INTO \"{table}_ops\" ({OPS_COLUMNS}) SELECT value ->> 0, value ->> 1, \
-         value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6 FROM json_each($1) \
+         value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6 FROM jsonb_each($1) \
          WHERE true ON CONFLICT (stream_id) DO UPDATE SET {OPS_UPDATED}"
     );
     sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -350,7 +350,7 @@ async fn add_waiting_sqlite(
     let sql = format!(
         "INSERT INTO \"{table}\" ({COLUMNS}) SELECT o.stream_id, o.operation_id, o.action, \
          o.business_key, o.bot, o.chat_id, o.user_id, r.value ->> 1, r.value ->> 2, \
-         r.value ->> 3, r.value ->> 4 FROM json_each($1) AS r \
+         r.value ->> 3, r.value ->> 4 FROM jsonb_each($1) AS r \
          JOIN \"{table}_ops\" AS o ON o.stream_id = r.value ->> 0 WHERE true \
          ON CONFLICT (stream_id) DO UPDATE SET {UPDATED}"
     );

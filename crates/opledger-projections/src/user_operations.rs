@@ -21,7 +21,9 @@ use serde::Serialize;
 use sqlx::{PgConnection, SqliteConnection};
 
 use crate::projection::{Conn, Definition, Projection, in_category};
-use crate::rows::{self, read_error, signed};
+use crate::rows::{
+    self, SQLITE_ROWS_PER_STATEMENT, kept_prepared, read_error, signed, sqlite_values,
+};
 
 pub use crate::rows::ReadError;
 
@@ -320,43 +322,43 @@ async fn apply(mut conn: Conn<'_>, table: &str, batch: Batch<'_>) -> Result<(), 
     Ok(())
 }
 
+/// Bound multi-row `VALUES` (`rows::sqlite_values`): no JSON to build in Rust and to parse
+/// again, column by column, in SQLite.
 async fn upsert_sqlite(
     conn: &mut SqliteConnection,
     table: &str,
     rows: &[UserOperation],
 ) -> Result<(), sqlx::Error> {
-    let json: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|r| {
-            serde_json::json!([
-                r.operation_id,
-                r.stream_id,
-                r.bot,
-                r.user_id,
-                r.chat_id,
-                r.action,
-                r.business_key,
-                r.status,
-                r.resolution,
-                r.attempts,
-                r.external_id,
-                r.last_error,
-                r.created_at.timestamp_micros(),
-                r.updated_at.timestamp_micros(),
-                r.last_position,
-            ])
-        })
-        .collect();
-    let sql = format!(
-        "INSERT INTO \"{table}\" ({COLUMNS}) SELECT value ->> 0, value ->> 1, value ->> 2, \
-         value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8, \
-         value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 13, value ->> 14 \
-         FROM json_each($1) WHERE true ON CONFLICT (stream_id) DO UPDATE SET {UPDATED}"
-    );
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(serde_json::Value::Array(json).to_string())
-        .execute(&mut *conn)
-        .await?;
+    for chunk in rows.chunks(SQLITE_ROWS_PER_STATEMENT) {
+        let head = format!("INSERT INTO \"{table}\" ({COLUMNS})");
+        let sql = format!(
+            "{} ON CONFLICT (stream_id) DO UPDATE SET {UPDATED}",
+            sqlite_values(&head, 15, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for r in chunk {
+            query = query
+                .bind(r.operation_id.as_str())
+                .bind(r.stream_id.as_str())
+                .bind(r.bot.as_str())
+                .bind(r.user_id)
+                .bind(r.chat_id)
+                .bind(r.action.as_str())
+                .bind(r.business_key.as_str())
+                .bind(r.status.as_str())
+                .bind(r.resolution.as_deref())
+                .bind(r.attempts)
+                .bind(r.external_id.as_deref())
+                .bind(r.last_error.as_deref())
+                .bind(r.created_at.timestamp_micros())
+                .bind(r.updated_at.timestamp_micros())
+                .bind(signed(r.last_position));
+        }
+        query
+            .persistent(kept_prepared(chunk.len()))
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(())
 }
 

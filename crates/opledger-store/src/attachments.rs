@@ -44,11 +44,11 @@ pub(crate) fn of<'a>(
 /// SQLite: writes rows bound as one JSON array of `[stream, name, hex body]`.
 const SQLITE_PUT: &str = "\
     INSERT INTO attachments (stream_id, name, body) \
-        SELECT value ->> 0, value ->> 1, unhex(value ->> 2) FROM json_each($1) WHERE true \
+        SELECT value ->> 0, value ->> 1, unhex(value ->> 2) FROM jsonb_each($1) WHERE true \
         ON CONFLICT (stream_id, name) DO UPDATE SET body = excluded.body";
 const SQLITE_DELETE: &str = "\
     DELETE FROM attachments WHERE (stream_id, name) IN \
-        (SELECT value ->> 0, value ->> 1 FROM json_each($1))";
+        (SELECT value ->> 0, value ->> 1 FROM jsonb_each($1))";
 /// PostgreSQL: the same, bound as arrays.
 const POSTGRES_PUT: &str = "\
     INSERT INTO attachments (stream_id, name, body) \

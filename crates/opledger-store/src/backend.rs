@@ -8,7 +8,7 @@
 //! reads them too), and its body is expanded for each backend's concrete types by `either!`, so
 //! each still runs on its own driver (ADR 0001: no `sqlx::Any`). The backends keep statements of
 //! their own only where they really differ: how the write lock is taken, how positions are
-//! allocated, bulk writes and upserts (`json_each` against `UNNEST` and `COPY`), DDL and catalog
+//! allocated, bulk writes and upserts (`jsonb_each` against `UNNEST` and `COPY`), DDL and catalog
 //! lookups. Each such place says so.
 
 use chrono::{DateTime, Utc};

@@ -589,17 +589,19 @@ const BEGIN_AND_READ: &str = "\
 /// Round trip 2: write stream versions (`?1`), events (`?2`) and the new head, then commit. Rows
 /// travel as JSON arrays so that the statement text, and thus the prepared statements, never
 /// change with the batch size; payload and metadata travel as JSON strings and are stored as the
-/// exact bytes appended. If any statement fails, the rest (COMMIT included) does not run.
+/// exact bytes appended. The arrays are expanded by `jsonb_each`, which parses them once: with
+/// `json_each` every `->>` parsed its row's text again, payload included. If any statement
+/// fails, the rest (COMMIT included) does not run.
 const WRITE_AND_COMMIT: &str = "\
     INSERT INTO streams (stream_id, stream_type, version, created_at) \
-        SELECT value ->> 0, value ->> 1, value ->> 2, ?3 FROM json_each(?1) WHERE true \
+        SELECT value ->> 0, value ->> 1, value ->> 2, ?3 FROM jsonb_each(?1) WHERE true \
         ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version; \
     INSERT INTO events (position, stream_id, version, event_id, event_type, schema_version, \
                         payload, metadata, recorded_at, prev_hash, hash) \
         SELECT value ->> 0, value ->> 1, value ->> 2, unhex(value ->> 3), value ->> 4, value ->> 5, \
                CAST(value ->> 6 AS BLOB), CAST(value ->> 7 AS BLOB), ?3, \
                unhex(value ->> 8), unhex(value ->> 9) \
-        FROM json_each(?2); \
+        FROM jsonb_each(?2); \
     UPDATE ledger_head SET last_position = ?4, last_hash = unhex(?5), updated_at = ?3 \
         WHERE ledger_id = 1; \
     COMMIT";
