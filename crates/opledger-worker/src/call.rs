@@ -2,16 +2,25 @@
 //! outcome; and the unknown-outcome path (honoured key, else lookup, else a person), which the
 //! sweep of leases run out after `ExternalCallSent` takes too.
 //!
-//! A call's outcome is kept ([`Pending`]) until the task's next claim and committed with it:
+//! A call's outcome is kept ([`Pending`]) until the task's next commit and committed with it:
 //! one decision over both streams, both states handed in, so the commit reads nothing unless a
-//! stream moved. The outcome is staged whatever becomes of the claim.
+//! stream moved. The outcome is staged whatever becomes of the rest.
+//!
+//! Where the claim and the call's record are two commits (no key honoured, no lookup), the
+//! record of this call carries the claim of the operation the task takes up next
+//! ([`Lookahead`]), and that one's record carries this one's outcome and the claim after it: in
+//! a steady stream, one commit per operation, as where the claim and the record are one. The
+//! guarantee is unchanged: an operation is never called before its record is committed, and one
+//! claimed with nothing recorded is taken over when its lease runs out.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
+use futures_util::future::BoxFuture;
 use opledger_config::ActionConfig;
+use opledger_domain::operation::Claim;
 use opledger_domain::operation::{Confirmed, ConfirmedVia, OperationCommand, Status};
 use opledger_domain::text::Redactor;
 use opledger_domain::{EventMetadata, Rejection};
@@ -37,6 +46,21 @@ pub(crate) struct Action {
 pub(crate) struct Pending {
     handle: Handle,
     command: OperationCommand,
+}
+
+/// The operation a task takes up after the one it is calling, taken from the worker's queue
+/// early so that its claim can ride with this call's record (see the module documentation).
+pub(crate) trait Lookahead: Send {
+    /// The next operation's handle and effector if its state calls for a claim at `now` and
+    /// it is not claimed by this task yet; takes it from the queue first if the task holds
+    /// none (`None` when the queue is empty).
+    fn claimable(
+        &mut self,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Option<(Handle, Arc<dyn Effector>)>>;
+
+    /// Its claim was committed: the view after it.
+    fn claimed(&mut self, view: View);
 }
 
 /// Takes operations through their calls; see the module documentation.
@@ -66,33 +90,30 @@ impl Calls {
         self
     }
 
-    /// Claims the operation (with `carry`, a previous call's outcome, in the same commit),
-    /// records the call and calls; returns the call's outcome, decided and not yet committed,
-    /// or `None` when the claim was lost.
+    /// Claims the operation (with `carry`, a previous call's outcome, in the same commit) unless
+    /// `claimed` says that a previous call's record carried its claim already, records the call
+    /// (with the claim of `next`'s operation when it can ride along) and calls; returns the
+    /// call's outcome, decided and not yet committed, or `None` when the claim was lost.
     pub(crate) async fn attempt(
         &self,
         action: &Action,
         mut handle: Handle,
-        carry: Option<Pending>,
+        mut carry: Option<Pending>,
+        claimed: bool,
+        next: Option<&mut dyn Lookahead>,
     ) -> Result<Option<Pending>, StepError> {
         let now = self.ops.now();
         let worker = self.ops.worker().to_owned();
         let effector = action.effector.as_ref();
-        let first = claim_commands(effector, &worker, now, self.lease_margin);
-        let together = effector.resolves_unknown_outcomes();
-        if self.claim(&mut handle, &first, carry).await? == Applied::Declined {
-            return Ok(None);
+        if !claimed {
+            let first = claim_commands(effector, &worker, now, self.lease_margin);
+            if self.claim(&mut handle, &first, carry.take()).await? == Applied::Declined {
+                return Ok(None);
+            }
         }
-        if !together {
-            let sent = OperationCommand::RecordCallSent { worker };
+        if claimed || !effector.resolves_unknown_outcomes() {
             opledger_ledger::failpoint::crash("worker-after-claimed");
-            // Decided again after a lost race only while the claim is still the one taken.
-            let ours = handle.state().claim.clone();
-            let recorded = self
-                .ops
-                .commit(&mut handle, &[sent], |state| state.claim == ours)
-                .await?;
-            if recorded == Applied::Declined {
+            if self.record_sent(&mut handle, carry, next).await? == Applied::Declined {
                 return Ok(None);
             }
         }
@@ -108,6 +129,118 @@ impl Calls {
             Err(unknown) => self.unknown_command(action, &handle, unknown).await,
         };
         Ok(Some(Pending { handle, command }))
+    }
+
+    /// Commits the call's record on `handle` while the claim the step was planned under is
+    /// still there, with `carry`'s outcome and the claim of `next`'s operation (when it is a
+    /// claimable call of its own whose claim is committed alone) in the same append.
+    async fn record_sent(
+        &self,
+        handle: &mut Handle,
+        carry: Option<Pending>,
+        next: Option<&mut dyn Lookahead>,
+    ) -> Result<Applied, StepError> {
+        let worker = self.ops.worker().to_owned();
+        let ours = handle.state().claim.clone();
+        let sent = OperationCommand::RecordCallSent {
+            worker: worker.clone(),
+        };
+        let carry = match carry {
+            // A stream is staged once per commit: an outcome on this very stream goes first.
+            Some(pending) if pending.handle.stream() == handle.stream() => {
+                self.flush(pending).await;
+                None
+            }
+            carry => carry,
+        };
+        let now = self.ops.now();
+        let mut next = next;
+        let upcoming = match next.as_deref_mut() {
+            Some(next) => next.claimable(now).await,
+            None => None,
+        };
+        let upcoming = upcoming.filter(|(up, effector)| {
+            !effector.resolves_unknown_outcomes()
+                && up.stream() != handle.stream()
+                && carry
+                    .as_ref()
+                    .is_none_or(|pending| pending.handle.stream() != up.stream())
+        });
+        if carry.is_none() && upcoming.is_none() {
+            // Decided again after a lost race only while the claim is still the one taken.
+            return self
+                .ops
+                .commit(handle, &[sent], |state| state.claim == ours)
+                .await;
+        }
+        let claim = upcoming.as_ref().map(|(up, effector)| {
+            (
+                up,
+                claim_commands(effector.as_ref(), &worker, now, self.lease_margin),
+            )
+        });
+        let decision = SentWithClaim {
+            current: handle.stream(),
+            sent: &sent,
+            ours: ours.as_ref(),
+            current_metadata: self.ops.metadata(handle),
+            done: carry.as_ref().map(|pending| {
+                (
+                    pending.handle.stream(),
+                    &pending.command,
+                    self.ops.metadata(&pending.handle),
+                )
+            }),
+            next: claim
+                .as_ref()
+                .map(|(up, commands)| (up.stream(), commands.as_slice(), self.ops.metadata(up))),
+            now,
+        };
+        let mut unit = self
+            .ops
+            .unit_of_work()
+            .knowing(handle.stream().clone(), handle.view().clone());
+        if let Some(pending) = &carry {
+            unit = unit.knowing(
+                pending.handle.stream().clone(),
+                pending.handle.view().clone(),
+            );
+        }
+        if let Some((up, _)) = &claim {
+            unit = unit.knowing(up.stream().clone(), up.view().clone());
+        }
+        let committed = match unit
+            .run(|snapshot, changes| decision.decide(snapshot, changes))
+            .await
+        {
+            Ok(committed) => committed,
+            Err(error) => {
+                // The outcome must not be lost with the record: its call happened. It is
+                // recorded on its own (retried while storage recovers); the rest is not.
+                if let Some(pending) = carry {
+                    self.flush(pending).await;
+                }
+                return Err(error.into());
+            }
+        };
+        let Decided {
+            sent,
+            refused,
+            claimed,
+        } = committed.value;
+        if let (Some(rejection), Some(pending)) = (refused, &carry) {
+            warn_refused(&pending.handle, &rejection);
+        }
+        if let (Some(view), Some(next)) = (claimed, next) {
+            next.claimed(view);
+        }
+        Ok(match sent {
+            Some(view) => {
+                handle.advance(view);
+                Applied::Done
+            }
+            None => Applied::Declined,
+        })
     }
 
     /// Commits the claim `commands` on `handle`, with `carry`'s outcome in the same append.
@@ -438,6 +571,76 @@ impl OutcomeWithClaim<'_> {
     }
 }
 
+/// One decision over up to three streams: the call's record on the operation about to be
+/// called (while `ours`, the claim the step was planned under, is still there), a previous
+/// call's outcome, and the next operation's claim.
+#[derive(Debug)]
+struct SentWithClaim<'a> {
+    current: &'a StreamId,
+    sent: &'a OperationCommand,
+    ours: Option<&'a Claim>,
+    current_metadata: EventMetadata,
+    done: Option<(&'a StreamId, &'a OperationCommand, EventMetadata)>,
+    next: Option<(&'a StreamId, &'a [OperationCommand], EventMetadata)>,
+    now: DateTime<Utc>,
+}
+
+/// What [`SentWithClaim`] staged.
+#[derive(Debug)]
+struct Decided {
+    /// The called operation's view after its record; `None`: declined, nothing staged for it.
+    sent: Option<View>,
+    /// The outcome's refusal (recorded as a `TransitionRejected`), if any.
+    refused: Option<Rejection>,
+    /// The next operation's view after its claim; `None`: the claim is lost or not asked for.
+    claimed: Option<View>,
+}
+
+impl SentWithClaim<'_> {
+    /// Stages the record if the claim is still ours and the domain accepts it, the outcome (or
+    /// its refusal's record) whatever becomes of the rest, and the claim if the domain accepts
+    /// it.
+    fn decide(
+        &self,
+        snapshot: &Snapshot,
+        changes: &mut Changes,
+    ) -> Result<Decided, Undecided<Infallible>> {
+        let current: View = snapshot.state(self.current)?;
+        let sent = if current.state.claim.as_ref() == self.ours {
+            stage(
+                changes,
+                self.current,
+                &current,
+                std::slice::from_ref(self.sent),
+                self.now,
+                &self.current_metadata,
+            )
+            .ok()
+        } else {
+            None
+        };
+        let refused = match &self.done {
+            Some((stream, outcome, metadata)) => {
+                let done: View = snapshot.state(stream)?;
+                stage_outcome(changes, stream, &done, outcome, self.now, metadata)
+            }
+            None => None,
+        };
+        let claimed = match &self.next {
+            Some((stream, claim, metadata)) => {
+                let next: View = snapshot.state(stream)?;
+                stage(changes, stream, &next, claim, self.now, metadata).ok()
+            }
+            None => None,
+        };
+        Ok(Decided {
+            sent,
+            refused,
+            claimed,
+        })
+    }
+}
+
 fn warn_refused(handle: &Handle, rejection: &Rejection) {
     tracing::warn!(
         operation_id = %handle.received().operation_id,
@@ -737,5 +940,182 @@ mod tests {
             .unwrap();
         assert_eq!(recorded, Applied::Declined);
         assert_eq!(types(&calls, &a).await, ["Received", "Claimed", "Claimed"]);
+    }
+
+    /// A task's next operation as the call step sees it, for tests: `handle`, offered with
+    /// `effector` until it is claimed.
+    struct Next {
+        handle: Handle,
+        effector: Arc<dyn Effector>,
+        claimed: Option<View>,
+    }
+
+    impl Lookahead for Next {
+        fn claimable(
+            &mut self,
+            now: DateTime<Utc>,
+        ) -> BoxFuture<'_, Option<(Handle, Arc<dyn Effector>)>> {
+            let offer = (self.claimed.is_none() && claimable(self.handle.state(), now))
+                .then(|| (self.handle.clone(), Arc::clone(&self.effector)));
+            Box::pin(async move { offer })
+        }
+
+        fn claimed(&mut self, view: View) {
+            self.claimed = Some(view);
+        }
+    }
+
+    /// `a` called with its outcome pending, `b` claimed by this worker with nothing sent, `c`
+    /// received and read, offered next with an effector that honours the key (`honours`) or not.
+    async fn three_operations(calls: &Calls, honours: bool) -> (Pending, Handle, Next) {
+        let (pending, mut b) = two_operations(calls).await;
+        assert_eq!(
+            calls.claim(&mut b, &[claim()], None).await.unwrap(),
+            Applied::Done
+        );
+        append(&calls.ops, &stream("c"), 0, &[received("c").into()]).await;
+        let next = Next {
+            handle: calls.ops.load(stream("c")).await.unwrap(),
+            effector: Arc::new(Slow(honours)),
+            claimed: None,
+        };
+        (pending, b, next)
+    }
+
+    /// `three_operations`, then `race` (a stream, the version it expects, an event) appended by
+    /// another writer, then `b`'s record with `a`'s outcome and `c` offered next.
+    async fn record_after(
+        calls: &Calls,
+        honours: bool,
+        race: Option<(&str, u64, OperationEvent)>,
+    ) -> (Applied, Handle, Next) {
+        let (pending, mut b, mut next) = three_operations(calls, honours).await;
+        if let Some((key, version, event)) = race {
+            append(&calls.ops, &stream(key), version, &[event]).await;
+        }
+        let applied = calls
+            .record_sent(&mut b, Some(pending), Some(&mut next))
+            .await
+            .unwrap();
+        (applied, b, next)
+    }
+
+    #[tokio::test]
+    async fn a_call_s_record_carries_the_outcome_before_it_and_the_next_claim_in_one_append() {
+        let (_dir, calls) = calls().await;
+        let (applied, b, next) = record_after(&calls, false, None).await;
+        let head = calls.ops.store().head().await.unwrap().position;
+        assert_eq!(applied, Applied::Done);
+        assert_eq!(b.state().status, Status::CallSent);
+        let claimed = next.claimed.expect("the next operation is claimed");
+        assert_eq!(claimed.state.status, Status::Claimed);
+        assert_eq!(claimed.state.claim.as_ref().unwrap().worker, "w1");
+        let positions = |stream: StreamId, version| {
+            let calls = &calls;
+            async move {
+                let events = calls.ops.store().read_stream(&stream, version, 1).await;
+                let event = events.unwrap().remove(0);
+                (event.event_type, event.position)
+            }
+        };
+        assert_eq!(
+            [
+                positions(stream("b"), 3).await,
+                positions(stream("a"), 4).await,
+                positions(stream("c"), 2).await,
+            ],
+            [
+                ("ExternalCallSent".to_owned(), head - 2),
+                ("Confirmed".to_owned(), head - 1),
+                ("Claimed".to_owned(), head),
+            ],
+            "one append: the record, the outcome, the next claim"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_next_claim_lost_to_another_worker_leaves_the_record_and_the_outcome_committed() {
+        let (_dir, calls) = calls().await;
+        // Another worker claims `c` after this one read it.
+        let race = ("c", 1, claimed("w2", 1));
+        let (applied, _, next) = record_after(&calls, false, Some(race)).await;
+        assert_eq!(applied, Applied::Done);
+        assert!(next.claimed.is_none(), "the claim is lost");
+        assert_eq!(
+            types(&calls, &stream("a")).await,
+            ["Received", "Claimed", "ExternalCallSent", "Confirmed"]
+        );
+        assert_eq!(
+            types(&calls, &stream("b")).await,
+            ["Received", "Claimed", "ExternalCallSent"]
+        );
+        assert_eq!(types(&calls, &stream("c")).await, ["Received", "Claimed"]);
+    }
+
+    #[tokio::test]
+    async fn a_record_under_a_claim_taken_since_is_declined_and_the_outcome_still_committed() {
+        let (_dir, calls) = calls().await;
+        // A claim taken since under the same worker id (another process configured with it).
+        let race = ("b", 2, claimed("w1", 2));
+        let (applied, _, _) = record_after(&calls, false, Some(race)).await;
+        assert_eq!(applied, Applied::Declined, "never called under that claim");
+        assert_eq!(
+            types(&calls, &stream("b")).await,
+            ["Received", "Claimed", "Claimed"]
+        );
+        assert_eq!(
+            types(&calls, &stream("a")).await,
+            ["Received", "Claimed", "ExternalCallSent", "Confirmed"]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_operation_whose_claim_carries_its_record_is_not_claimed_ahead() {
+        let (_dir, calls) = calls().await;
+        let (applied, _, next) = record_after(&calls, true, None).await;
+        assert_eq!(applied, Applied::Done);
+        assert!(
+            next.claimed.is_none(),
+            "its claim and record are one commit of its own"
+        );
+        assert_eq!(types(&calls, &stream("c")).await, ["Received"]);
+        assert_eq!(
+            types(&calls, &stream("a")).await,
+            ["Received", "Claimed", "ExternalCallSent", "Confirmed"]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_operation_claimed_ahead_is_called_after_one_commit_of_its_own() {
+        let (_dir, calls) = calls().await;
+        let (_, _, mut next) = record_after(&calls, false, None).await;
+        let mut c = next.handle.clone();
+        c.advance(next.claimed.take().unwrap());
+        let config = opledger_config::Config::parse(
+            "[[bots]]\nname = \"shop\"\ntoken_env = \"T\"\nwebhook_secret_env = \"S\"\n\
+             [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\nkey = \"{user_id}\"\n",
+            &|name| Some(if name == "T" { "123456:test-token" } else { "secret" }.to_owned()),
+        )
+        .expect("config");
+        let action = Action {
+            config: Arc::new(config.actions[0].clone()),
+            effector: Arc::new(Slow(false)),
+        };
+        let head = calls.ops.store().head().await.unwrap().position;
+        let outcome = calls
+            .attempt(&action, c, None, true, None)
+            .await
+            .unwrap()
+            .expect("called under the claim taken ahead");
+        assert_eq!(
+            calls.ops.store().head().await.unwrap().position,
+            head + 1,
+            "the record alone: no second claim"
+        );
+        calls.flush(outcome).await;
+        assert_eq!(
+            types(&calls, &stream("c")).await,
+            ["Received", "Claimed", "ExternalCallSent", "Confirmed"]
+        );
     }
 }

@@ -9,7 +9,7 @@
 //! the step the operation's state calls for:
 //! - received, a due retry, or a claim whose lease expired with nothing sent: the call step
 //!   ([`crate::call`]: claim, `ExternalCallSent`, the call, its outcome, which the task keeps
-//!   until its next claim);
+//!   until its next commit; a call's record may carry the next operation's claim, ADR 0020);
 //! - a claim whose lease expired after `ExternalCallSent` (its worker died or hung): the
 //!   unknown-outcome path, never a second blind call;
 //! - terminal, with a reply due: the reply ([`crate::reply`]), itself an ambiguous effect.
@@ -30,9 +30,9 @@ use opledger_telegram::BotApi;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::backoff::Backoff;
-use crate::call::{Action, Calls, Pending, claimable};
+use crate::call::{Action, Calls, Lookahead, Pending, claimable};
 use crate::effector::{Effector, NoEffect};
-use crate::handle::{Handle, Operations, StepError};
+use crate::handle::{Handle, Operations, StepError, View};
 use crate::http::HttpEffector;
 use crate::reply::Replier;
 
@@ -317,10 +317,13 @@ impl Worker {
     }
 
     /// One task's work: operations from the queue until it is empty. A call's outcome is kept
-    /// until the next operation's claim, so both go in one commit; it is committed alone when
-    /// there is no next operation to claim.
+    /// until the task's next commit (the next operation's claim, or its call's record), so both
+    /// go in one commit; it is committed alone when there is no next operation. A call's record
+    /// may carry the claim of the operation the task takes up next (`Upcoming`), taken from
+    /// the queue early for that.
     async fn drain(&self, queue: &Queue, finished: &Notify) {
         let mut carry: Option<Pending> = None;
+        let mut upcoming: Option<Upcoming> = None;
         let priority = self.inner.ops.store().priority();
         loop {
             // Intake goes first (`Priority`). A call's outcome is not held while waiting: it
@@ -333,23 +336,51 @@ impl Worker {
             } else {
                 None
             };
-            let Some(Queued { row, loading }) = queue.pop() else {
-                break;
+            let Upcoming {
+                row,
+                handle,
+                release,
+                claimed,
+            } = match upcoming.take() {
+                Some(upcoming) => upcoming,
+                None => match self.next_queued(queue, finished).await {
+                    Some(upcoming) => upcoming,
+                    None => break,
+                },
             };
-            finished.notify_one();
-            // Released even if the step panics, so the operation is not stranded here.
-            let release = Release {
-                inner: Arc::clone(&self.inner),
-                operation_id: row.operation_id.clone(),
+            let mut ahead = Ahead {
+                worker: self,
+                queue,
+                finished,
+                slot: &mut upcoming,
             };
-            let handle = loaded(&self.inner.ops, &row, loading).await;
-            carry = self.step_carrying(&row, handle, carry).await;
+            carry = self
+                .step_carrying(&row, handle, carry, claimed, Some(&mut ahead))
+                .await;
             drop(release);
             drop(turn);
         }
         if let Some(pending) = carry {
             self.inner.calls.flush(pending).await;
         }
+    }
+
+    /// The first operation waiting in `queue`, its stream read, in hand until it is dropped.
+    async fn next_queued(&self, queue: &Queue, finished: &Notify) -> Option<Upcoming> {
+        let Queued { row, loading } = queue.pop()?;
+        finished.notify_one();
+        // Released even if the step panics, so the operation is not stranded here.
+        let release = Release {
+            inner: Arc::clone(&self.inner),
+            operation_id: row.operation_id.clone(),
+        };
+        let handle = loaded(&self.inner.ops, &row, loading).await;
+        Some(Upcoming {
+            row,
+            handle,
+            release,
+            claimed: false,
+        })
     }
 
     /// Looks at every operation due now, `concurrency` at a time, and returns how many it
@@ -370,7 +401,8 @@ impl Worker {
             .for_each_concurrent(inner.options.concurrency, |row| async move {
                 if self.inner.take(&row.operation_id) {
                     let handle = load(&self.inner.ops, &row.stream_id).await;
-                    if let Some(pending) = self.step_carrying(&row, handle, None).await {
+                    if let Some(pending) = self.step_carrying(&row, handle, None, false, None).await
+                    {
                         self.inner.calls.flush(pending).await;
                     }
                     self.inner.release(&row.operation_id);
@@ -402,19 +434,23 @@ impl Worker {
         until_next.clamp(Duration::from_millis(5), inner.options.idle_poll)
     }
 
-    /// Takes the step `row` calls for on `handle`, its stream as read, committing `carry` (a
-    /// previous call's outcome) with this operation's claim when there is one, or alone first;
-    /// returns this operation's own call outcome if it made a call. Failures are logged and the
-    /// operation stays due.
+    /// Takes the step `row` calls for on `handle`, its stream as read (`claimed`: by a previous
+    /// call's record, for this task), committing `carry` (a previous call's outcome) with this
+    /// operation's claim or call's record when there is one, or alone first; `next` offers
+    /// the operation the task takes up next for a claim with the call's record. Returns this
+    /// operation's own call outcome if it made a call. Failures are logged and the operation
+    /// stays due.
     async fn step_carrying(
         &self,
         row: &OperationStatusRow,
         handle: Result<Handle, StepError>,
         carry: Option<Pending>,
+        claimed: bool,
+        next: Option<&mut dyn Lookahead>,
     ) -> Option<Pending> {
         let mut carry = carry;
         let result = match handle {
-            Ok(handle) => self.try_step(row, handle, &mut carry).await,
+            Ok(handle) => self.try_step(row, handle, &mut carry, claimed, next).await,
             Err(error) => Err(error),
         };
         if let Some(pending) = carry.take() {
@@ -440,12 +476,14 @@ impl Worker {
     }
 
     /// Takes the step the operation's stream calls for. `carry`, a previous call's outcome, is
-    /// committed with this operation's claim, or alone before any other step.
+    /// committed with this operation's claim or call's record, or alone before any other step.
     async fn try_step(
         &self,
         row: &OperationStatusRow,
         mut handle: Handle,
         carry: &mut Option<Pending>,
+        claimed: bool,
+        next: Option<&mut dyn Lookahead>,
     ) -> Result<Stepped, StepError> {
         let inner = &self.inner;
         let Some(action) = inner.actions.get(&row.action).cloned() else {
@@ -453,9 +491,13 @@ impl Worker {
         };
         let now = inner.ops.now();
         let state = handle.state();
-        if claimable(state, now) {
+        if claimed || claimable(state, now) {
             return Ok(
-                match inner.calls.attempt(&action, handle, carry.take()).await? {
+                match inner
+                    .calls
+                    .attempt(&action, handle, carry.take(), claimed, next)
+                    .await?
+                {
                     Some(pending) => Stepped::Called(Box::new(pending)),
                     None => Stepped::Nothing,
                 },
@@ -555,6 +597,55 @@ async fn loaded(
         Ok(Err(error)) => Err(error),
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
         Ok(Ok(_)) | Err(_) => load(ops, &row.stream_id).await,
+    }
+}
+
+/// An operation in a task's hand: its row, its stream as read, and the guard that gives it
+/// back.
+struct Upcoming {
+    row: OperationStatusRow,
+    handle: Result<Handle, StepError>,
+    release: Release,
+    /// Its claim rode with the record of the task's previous call: it is this task's to call.
+    claimed: bool,
+}
+
+/// A task's next operation, offered to the call step for a claim with its call's record.
+struct Ahead<'a> {
+    worker: &'a Worker,
+    queue: &'a Queue,
+    finished: &'a Notify,
+    slot: &'a mut Option<Upcoming>,
+}
+
+impl Lookahead for Ahead<'_> {
+    fn claimable(
+        &mut self,
+        now: DateTime<Utc>,
+    ) -> futures_util::future::BoxFuture<'_, Option<(Handle, Arc<dyn Effector>)>> {
+        Box::pin(async move {
+            if self.slot.is_none() {
+                // A row still queued means that no other task was free to take it.
+                *self.slot = self.worker.next_queued(self.queue, self.finished).await;
+            }
+            let upcoming = self.slot.as_ref()?;
+            let handle = upcoming.handle.as_ref().ok()?;
+            let action = self.worker.inner.actions.get(&upcoming.row.action)?;
+            (!upcoming.claimed && claimable(handle.state(), now))
+                .then(|| (handle.clone(), Arc::clone(&action.effector)))
+        })
+    }
+
+    fn claimed(&mut self, view: View) {
+        if let Some(Upcoming {
+            handle: Ok(handle),
+            claimed,
+            ..
+        }) = self.slot.as_mut()
+        {
+            handle.advance(view);
+            *claimed = true;
+        }
     }
 }
 
