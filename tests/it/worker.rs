@@ -1094,7 +1094,11 @@ async fn a_busy_intake_slows_the_worker_but_never_stops_it_or_holds_an_outcome_b
     loop {
         let rows = world.operations().await;
         let statuses: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
-        if statuses.contains(&"confirmed") && statuses.contains(&"received") {
+        // The second operation not called yet (received, or claimed with the first one's
+        // record, ADR 0020): the first outcome did not wait for the second's next commit.
+        if statuses.contains(&"confirmed")
+            && (statuses.contains(&"received") || statuses.contains(&"claimed"))
+        {
             outcome_alone = true;
         }
         if statuses.iter().all(|s| *s == "confirmed") {
@@ -1113,8 +1117,64 @@ async fn a_busy_intake_slows_the_worker_but_never_stops_it_or_holds_an_outcome_b
     );
     assert!(
         outcome_alone,
-        "the first outcome was committed before the wait, not with the second claim"
+        "the first outcome was committed before the wait, not with the second's next commit"
     );
     assert_eq!(world.service.total_requests(), 2);
+    world.stop().await;
+}
+
+/// Where the claim and the call's record are two commits (no key honoured, no lookup), the
+/// record carries the claim of the operation the task takes up next (ADR 0020): that one is
+/// then called after one commit of its own, its record, and every operation is still called
+/// once, after its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_s_record_carries_the_claim_of_the_task_s_next_operation() {
+    let Some(world) = World::start(Backend::Sqlite, Setup::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    world.ask(2, 8, "spring").await;
+    let worker = world.worker_with("w1", 1, Arc::new(opledger_server::SystemClock), |options| {
+        options.replies = false;
+    });
+    let (stop, running) = spawn_run(worker);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !world
+        .operations()
+        .await
+        .iter()
+        .all(|row| row.status == "confirmed")
+    {
+        assert!(std::time::Instant::now() < deadline, "not carried out");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop.send(());
+    running.await.expect("the worker stops");
+    let mut streams = Vec::new();
+    for row in world.operations().await {
+        let stream = StreamId::new(row.stream_id.clone()).expect("stream id");
+        let events = world.app.store.read_stream(&stream, 1, 100).await;
+        let events: Vec<(String, u64)> = events
+            .expect("read the stream")
+            .into_iter()
+            .map(|e| (e.event_type, e.position))
+            .collect();
+        let types: Vec<&str> = events.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(
+            types,
+            ["Received", "Claimed", "ExternalCallSent", "Confirmed"]
+        );
+        streams.push(events);
+    }
+    // Both were queued for the one task before it started: the first one's record carried the
+    // second one's claim, in the same append.
+    streams.sort_by_key(|events| events[1].1);
+    let (first, second) = (&streams[0], &streams[1]);
+    assert_eq!(
+        second[1].1,
+        first[2].1 + 1,
+        "the second claim right after the first record: {streams:?}"
+    );
+    assert_eq!(world.service.total_requests(), 2, "each called once");
     world.stop().await;
 }
