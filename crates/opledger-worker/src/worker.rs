@@ -326,13 +326,14 @@ impl Worker {
         let mut upcoming: Option<Upcoming> = None;
         let priority = self.inner.ops.store().priority();
         loop {
-            // Intake goes first (`Priority`). A call's outcome is not held while waiting: it
-            // is committed now, alone, rather than late.
-            let turn = if priority.holds_back() {
+            // Intake goes first while updates queue up (`Priority::crowded`, ADR 0021); with
+            // room to spare the worker keeps going. A call's outcome is not held while
+            // waiting: it is committed now, alone, rather than late.
+            let turn = if priority.crowded() {
                 if let Some(pending) = carry.take() {
                     self.inner.calls.flush(pending).await;
                 }
-                Some(priority.background(Priority::WAIT).await)
+                Some(priority.uncrowded(Priority::WAIT).await)
             } else {
                 None
             };

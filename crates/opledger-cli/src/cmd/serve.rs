@@ -23,9 +23,10 @@ pub(crate) struct Serve {
     /// inline ones are still kept by every append).
     #[arg(long)]
     no_projections: bool,
-    /// Do not make this process's worker and read models wait while updates are being
-    /// recorded (by default they do, at most 50 ms a step, so that acknowledgements stay fast
-    /// under load; without it more operations per second finish, acknowledged later).
+    /// Do not make this process's read models wait while updates are being recorded, nor its
+    /// worker while a crowd of them is (by default they do, at most 50 ms a step, so that
+    /// acknowledgements stay fast under load; without it more operations per second finish,
+    /// acknowledged later).
     #[arg(long)]
     no_intake_priority: bool,
     #[command(flatten)]

@@ -122,7 +122,8 @@ impl Intake {
     /// Records one raw update body for `bot`. `Ok` means it is durably recorded (or was before):
     /// only then may Telegram be answered 2xx.
     pub async fn record(&self, bot: &str, raw: &[u8]) -> Result<Receipt, IntakeError> {
-        // Someone waits for this answer: this process's worker and read models wait their turn.
+        // Someone waits for this answer: this process's read models wait their turn, and its
+        // worker too while a crowd of updates is in flight (`Priority`).
         let _foreground = self.store().priority().foreground();
         if !self.rules.serves(bot) {
             return Err(IntakeError::UnknownBot(bot.to_owned()));
