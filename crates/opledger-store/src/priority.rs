@@ -51,8 +51,8 @@ struct Shared {
     /// Background units that had to wait go one at a time: those woken by the same quiet
     /// moment do not all fall on the next update together.
     one_at_a_time: Arc<Semaphore>,
-    /// When [`Priority::CROWD`] foreground units were last in flight at once, in microseconds
-    /// since `epoch` (0: never).
+    /// When the last crowd broke up (fell below [`Priority::CROWD`] units in flight), in
+    /// microseconds since `epoch` (0: never). A crowd still there is read from `in_flight`.
     crowded_at: AtomicU64,
     epoch: Instant,
 }
@@ -167,10 +167,7 @@ impl Priority {
 
     /// Marks foreground work in flight until the guard is dropped.
     pub fn foreground(&self) -> Foreground {
-        let shared = &self.shared;
-        if shared.in_flight.fetch_add(1, Ordering::AcqRel) + 1 >= Self::CROWD {
-            shared.crowded_at.store(shared.now(), Ordering::Release);
-        }
+        self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         Foreground {
             shared: Arc::clone(&self.shared),
         }
@@ -343,18 +340,15 @@ mod tests {
         })
     }
 
-    fn crowd(priority: &Priority) -> Vec<Foreground> {
-        (0..Priority::CROWD)
-            .map(|_| priority.foreground())
-            .collect()
+    /// `units` foreground units in flight until the guards are dropped.
+    fn foreground_units(priority: &Priority, units: usize) -> Vec<Foreground> {
+        (0..units).map(|_| priority.foreground()).collect()
     }
 
     #[tokio::test(start_paused = true)]
     async fn work_that_yields_to_a_crowd_goes_at_once_while_intake_has_room_to_spare() {
         let priority = first();
-        let few: Vec<Foreground> = (1..Priority::CROWD)
-            .map(|_| priority.foreground())
-            .collect();
+        let few = foreground_units(&priority, Priority::CROWD - 1);
         assert!(priority.holds_back(), "foreground work is in flight");
         assert!(!priority.crowded(), "but fewer than a crowd");
         let started = tokio::time::Instant::now();
@@ -371,7 +365,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_crowd_holds_such_work_back_until_it_has_been_gone_a_while() {
         let priority = first();
-        let crowd = crowd(&priority);
+        let crowd = foreground_units(&priority, Priority::CROWD);
         assert!(priority.crowded());
         let waiting = waiting(&priority, true, MINUTE);
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -392,7 +386,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lasting_crowd_holds_such_work_back_no_longer_than_it_says_one_unit_at_a_time() {
         let priority = first();
-        let crowd = crowd(&priority);
+        let crowd = foreground_units(&priority, Priority::CROWD);
         let started = tokio::time::Instant::now();
         let first = priority.uncrowded(Duration::from_millis(50)).await;
         assert!(first.busy());
@@ -414,7 +408,7 @@ mod tests {
         let second = priority.background(MINUTE).await;
         assert!(!first.busy() && !second.busy());
         assert!(!priority.holds_back());
-        let crowd = crowd(&priority);
+        let crowd = foreground_units(&priority, Priority::CROWD);
         assert!(!priority.crowded());
         assert!(!priority.uncrowded(MINUTE).await.busy());
         assert_eq!(started.elapsed(), Duration::ZERO);
