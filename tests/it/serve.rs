@@ -146,6 +146,32 @@ async fn a_bad_configuration_stops_serve_with_code_2_and_one_line_naming_the_key
     }
 }
 
+/// A SIGTERM sent the moment the service says where it serves stops it gracefully: the signal
+/// handlers are in place before that line. (They were installed when the server first polled
+/// its shutdown future, which under load could come after the line, and the signal killed it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_right_after_the_serving_line_stops_serve_gracefully() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = write_config(
+        dir.path(),
+        "opledger.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    for _ in 0..5 {
+        let mut command = opledger(&[]);
+        command.current_dir(dir.path()).arg("--config").arg(&path);
+        let mut serving = Serving::start(command);
+        serving.address().await;
+        let status = serving.terminate().await;
+        assert_eq!(status.code(), Some(0), "stderr: {}", serving.stderr());
+        assert!(
+            serving.stdout().contains("opledger stopped"),
+            "{}",
+            serving.stdout()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_without_a_bot_starts_on_sqlite_answers_healthz_and_stops_on_sigterm() {
     let http = reqwest::Client::new();

@@ -47,6 +47,9 @@ impl Default for Serve {
 }
 
 pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Result<()> {
+    // Before anything is announced: a signal sent as soon as the service says where it is
+    // stops it gracefully.
+    let shutdown = shutdown_signal();
     let store = database::open(url).await?;
     let service = Service::build(&serve, &config, store).await?;
     let listener = tokio::net::TcpListener::bind(config.server.listen)
@@ -92,7 +95,7 @@ pub(crate) async fn run(serve: Serve, config: Config, url: &str) -> anyhow::Resu
             ));
         }
     }
-    service.run(listener, shutdown_signal()).await?;
+    service.run(listener, shutdown).await?;
     say(format_args!("opledger stopped"));
     Ok(())
 }
@@ -208,23 +211,25 @@ pub(crate) fn say(line: std::fmt::Arguments<'_>) {
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    let interrupt = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM. The handlers are in place once this returns, not
+/// once the future is first polled (a server may poll it only after it started serving; a
+/// signal in between would kill the process instead of stopping it).
+pub(crate) fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{SignalKind, signal};
+    let interrupt = signal(SignalKind::interrupt()).ok();
+    let terminate = signal(SignalKind::terminate()).ok();
+    async move {
+        let wait = |signal: Option<tokio::signal::unix::Signal>| async move {
+            match signal {
+                Some(mut signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            () = wait(interrupt) => {}
+            () = wait(terminate) => {}
         }
-    };
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
     }
 }

@@ -107,6 +107,7 @@ fn test_timing() -> Option<u64> {
 
 /// Runs the worker until SIGINT or SIGTERM.
 pub(crate) async fn run(args: WorkerArgs, config: Config, url: &str) -> anyhow::Result<()> {
+    let shutdown = super::serve::shutdown_signal();
     let store = database::open(url).await?;
     let workers = args.build(&config, store.clone())?;
     super::serve::say(format_args!(
@@ -114,7 +115,7 @@ pub(crate) async fn run(args: WorkerArgs, config: Config, url: &str) -> anyhow::
         workers.worker.id(),
         database::redact(url)
     ));
-    workers.run(super::serve::shutdown_signal()).await;
+    workers.run(shutdown).await;
     store.close().await;
     super::serve::say(format_args!("opledger worker stopped"));
     Ok(())
