@@ -4,6 +4,12 @@
 //! Serialized appends with durable commits make the commit (an fsync) the bottleneck; batching
 //! pays for it once per batch instead of once per call. No artificial delay is needed: while one
 //! batch commits, the next one fills up. `max_wait` can add a delay for very bursty loads.
+//!
+//! The appender runs on a thread of its own, with a single-threaded runtime (ADR 0022): every
+//! append waits for the batch before it, so the moment between one batch's answer and the next
+//! batch's send is on every caller's path. On the service's runtime that moment waited for a
+//! worker thread busy with HTTP, and the writer's socket was polled by whichever thread got
+//! round to it; on its own thread the answer wakes the appender at once.
 
 use std::future::Future;
 use std::time::Duration;
@@ -98,26 +104,43 @@ impl std::fmt::Debug for Message {
 }
 
 impl Appender {
-    /// Starts the appender task on the current tokio runtime.
+    /// Starts the appender on a thread of its own (`opledger-appender`), with a single-threaded
+    /// runtime that lives as long as the appender: until [`Appender::close`], or until every
+    /// handle is dropped. A writer whose I/O waits on a runtime's reactor (a PostgreSQL socket)
+    /// must open its connection there, on its first batch, not before.
+    ///
     /// `head` carries the last committed position this process knows of; the appender advances
     /// it after each commit (other tasks, such as a PostgreSQL listener, may advance it too).
+    /// Fails only if the thread or its runtime cannot be made (the process is out of threads or
+    /// file descriptors).
     pub(crate) fn spawn<W: BatchWriter>(
         writer: W,
         head: watch::Sender<Position>,
         options: GroupCommitOptions,
-    ) -> Self {
+    ) -> std::io::Result<Self> {
         let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
         let max_events = options.max_batch_events;
         let head_receiver = head.subscribe();
-        tokio::spawn(
-            run(writer, receiver, head, options).instrument(tracing::info_span!("appender")),
-        );
-        Self {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        // The caller's subscriber, which may be a test's or an embedder's scoped one.
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        let appender = run(writer, receiver, head, options).instrument(tracing::info_span!(
+            parent: tracing::Span::current(),
+            "appender"
+        ));
+        std::thread::Builder::new()
+            .name("opledger-appender".to_owned())
+            .spawn(move || {
+                tracing::dispatcher::with_default(&dispatch, || runtime.block_on(appender));
+            })?;
+        Ok(Self {
             queue,
             head: head_receiver,
             max_events,
             priority: Priority::default(),
-        }
+        })
     }
 
     pub(crate) async fn append(

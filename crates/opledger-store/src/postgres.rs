@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -116,23 +116,23 @@ impl PgStore {
     /// an advisory lock, so instances starting together do not race).
     pub async fn open(url: &str, options: PgOptions) -> Result<Self, OpenError> {
         let connect = connect_options(url, &options)?;
-        let mut writer = tokio::time::timeout(options.connect_timeout, connect.connect())
+        let mut setup = tokio::time::timeout(options.connect_timeout, connect.connect())
             .await
             .map_err(|_| OpenError::Unreachable {
                 source: sqlx::Error::PoolTimedOut,
             })?
             .map_err(open_error)?;
-        migrate(&mut writer).await?;
+        migrate(&mut setup).await?;
         for projection in &options.inline {
             projection
-                .install((&mut writer).into())
+                .install((&mut setup).into())
                 .await
                 .map_err(|source| OpenError::Projection {
                     name: projection.name(),
                     source,
                 })?;
         }
-        let head = read::read_head((&mut writer).into())
+        let head = read::read_head((&mut setup).into())
             .await
             .map_err(open_error)?;
         // Readers plan each query for its parameters and the ledger's current size: a generic
@@ -166,21 +166,23 @@ impl PgStore {
         let writer_connect = connect
             .clone()
             .options(settings.iter().map(|(name, value)| (*name, value.as_str())));
-        // The connection that migrated (without these settings, so that instances starting
-        // together wait for each other's migration as long as it takes) goes on as the writer.
-        sqlx::raw_sql(AssertSqlSafe(set_statements(&settings)))
-            .execute(&mut writer)
-            .await
-            .map_err(open_error)?;
+        // The connection that migrated (without the writer's settings, so that instances
+        // starting together wait for each other's migration as long as it takes) is done: the
+        // writer connects on the appender's own runtime, whose reactor then wakes it when an
+        // answer arrives (`group_commit`, ADR 0022).
+        if let Err(error) = setup.close().await {
+            tracing::debug!(%error, "closing the migration's connection failed");
+        }
         let writer = PgWriter {
             connect: writer_connect,
-            connection: Some(writer),
+            connection: None,
             planners: assumed::Planners::of(&options.inline),
             inline: options.inline,
             known: assumed::Known::default(),
             last_used: Instant::now(),
         };
-        let appender = Appender::spawn(writer, head, options.group_commit);
+        let appender = Appender::spawn(writer, head, options.group_commit)
+            .map_err(|e| open_error(sqlx::Error::Io(e)))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 readers,
@@ -898,15 +900,6 @@ fn read_pool(max: u32, acquire_timeout: Duration) -> PgPoolOptions {
         })
 }
 
-/// `SET` statements for settings a connection was opened without.
-fn set_statements(settings: &[(&str, String)]) -> String {
-    settings
-        .iter()
-        .map(|(name, value)| format!("SET {name} = '{value}'"))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -936,10 +929,5 @@ mod tests {
         assert_eq!(value("plan_cache_mode"), Some("force_generic_plan"));
         assert_eq!(value("enable_seqscan"), Some("off"));
         assert_eq!(value("lock_timeout"), Some("250ms"));
-        assert_eq!(
-            set_statements(&settings),
-            "SET lock_timeout = '250ms'; SET enable_seqscan = 'off'; \
-             SET plan_cache_mode = 'force_generic_plan'"
-        );
     }
 }

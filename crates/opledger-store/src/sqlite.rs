@@ -180,7 +180,8 @@ impl SqliteStore {
             files: Arc::clone(&files),
         };
         let (head, _) = tokio::sync::watch::channel(head.position);
-        let appender = Appender::spawn(writer, head, options.group_commit);
+        let appender = Appender::spawn(writer, head, options.group_commit)
+            .map_err(|e| open_error(sqlx::Error::Io(e)))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 readers,
