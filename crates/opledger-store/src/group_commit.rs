@@ -5,11 +5,11 @@
 //! pays for it once per batch instead of once per call. No artificial delay is needed: while one
 //! batch commits, the next one fills up. `max_wait` can add a delay for very bursty loads.
 //!
-//! The appender runs on a thread of its own, with a single-threaded runtime (ADR 0022): every
-//! append waits for the batch before it, so the moment between one batch's answer and the next
-//! batch's send is on every caller's path. On the service's runtime that moment waited for a
-//! worker thread busy with HTTP, and the writer's socket was polled by whichever thread got
-//! round to it; on its own thread the answer wakes the appender at once.
+//! On PostgreSQL the appender runs on a thread of its own, with a single-threaded runtime (ADR
+//! 0022): every append waits for the batch before it, so the moment between one batch's answer
+//! and the next batch's send is on every caller's path. On the service's runtime that moment
+//! waited for a worker thread busy with HTTP, and the writer's socket was polled by whichever
+//! thread got round to it; on its own thread the answer wakes the appender at once.
 
 use std::future::Future;
 use std::time::Duration;
@@ -104,43 +104,69 @@ impl std::fmt::Debug for Message {
 }
 
 impl Appender {
-    /// Starts the appender on a thread of its own (`opledger-appender`), with a single-threaded
-    /// runtime that lives as long as the appender: until [`Appender::close`], or until every
-    /// handle is dropped. A writer whose I/O waits on a runtime's reactor (a PostgreSQL socket)
-    /// must open its connection there, on its first batch, not before.
+    /// Starts the appender as a task on the current tokio runtime (the SQLite writer: its
+    /// connection runs on sqlx's own thread, so the appender only hands work over and waits;
+    /// a thread of its own measured slower, ADR 0022).
     ///
     /// `head` carries the last committed position this process knows of; the appender advances
     /// it after each commit (other tasks, such as a PostgreSQL listener, may advance it too).
-    /// Fails only if the thread or its runtime cannot be made (the process is out of threads or
-    /// file descriptors).
     pub(crate) fn spawn<W: BatchWriter>(
         writer: W,
         head: watch::Sender<Position>,
         options: GroupCommitOptions,
+    ) -> Self {
+        let (appender, run) = Self::new(writer, head, options);
+        tokio::spawn(run);
+        appender
+    }
+
+    /// Starts the appender on a thread of its own (`opledger-appender`), with a single-threaded
+    /// runtime that lives as long as the appender: until [`Appender::close`], or until every
+    /// handle is dropped (the PostgreSQL writer, ADR 0022). A writer whose I/O waits on a
+    /// runtime's reactor (a socket) must open its connection there, on its first batch, not
+    /// before. `head` as for [`Appender::spawn`].
+    ///
+    /// Fails only if the thread or its runtime cannot be made (the process is out of threads or
+    /// file descriptors).
+    pub(crate) fn spawn_on_own_thread<W: BatchWriter>(
+        writer: W,
+        head: watch::Sender<Position>,
+        options: GroupCommitOptions,
     ) -> std::io::Result<Self> {
-        let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
-        let max_events = options.max_batch_events;
-        let head_receiver = head.subscribe();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         // The caller's subscriber, which may be a test's or an embedder's scoped one.
         let dispatch = tracing::dispatcher::get_default(Clone::clone);
-        let appender = run(writer, receiver, head, options).instrument(tracing::info_span!(
-            parent: tracing::Span::current(),
-            "appender"
-        ));
+        let (appender, run) = Self::new(writer, head, options);
         std::thread::Builder::new()
             .name("opledger-appender".to_owned())
             .spawn(move || {
-                tracing::dispatcher::with_default(&dispatch, || runtime.block_on(appender));
+                tracing::dispatcher::with_default(&dispatch, || runtime.block_on(run));
             })?;
-        Ok(Self {
+        Ok(appender)
+    }
+
+    /// The handle, and the appender's loop to run wherever it runs.
+    fn new<W: BatchWriter>(
+        writer: W,
+        head: watch::Sender<Position>,
+        options: GroupCommitOptions,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
+        let max_events = options.max_batch_events;
+        let head_receiver = head.subscribe();
+        let run = run(writer, receiver, head, options).instrument(tracing::info_span!(
+            parent: tracing::Span::current(),
+            "appender"
+        ));
+        let appender = Self {
             queue,
             head: head_receiver,
             max_events,
             priority: Priority::default(),
-        })
+        };
+        (appender, run)
     }
 
     pub(crate) async fn append(

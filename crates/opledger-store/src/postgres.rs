@@ -181,7 +181,7 @@ impl PgStore {
             known: assumed::Known::default(),
             last_used: Instant::now(),
         };
-        let appender = Appender::spawn(writer, head, options.group_commit)
+        let appender = Appender::spawn_on_own_thread(writer, head, options.group_commit)
             .map_err(|e| open_error(sqlx::Error::Io(e)))?;
         Ok(Self {
             inner: Arc::new(Inner {

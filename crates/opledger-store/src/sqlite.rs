@@ -180,8 +180,7 @@ impl SqliteStore {
             files: Arc::clone(&files),
         };
         let (head, _) = tokio::sync::watch::channel(head.position);
-        let appender = Appender::spawn(writer, head, options.group_commit)
-            .map_err(|e| open_error(sqlx::Error::Io(e)))?;
+        let appender = Appender::spawn(writer, head, options.group_commit);
         Ok(Self {
             inner: Arc::new(Inner {
                 readers,
