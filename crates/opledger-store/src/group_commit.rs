@@ -156,10 +156,7 @@ impl Appender {
         let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
         let max_events = options.max_batch_events;
         let head_receiver = head.subscribe();
-        let run = run(writer, receiver, head, options).instrument(tracing::info_span!(
-            parent: tracing::Span::current(),
-            "appender"
-        ));
+        let run = run(writer, receiver, head, options).instrument(tracing::info_span!("appender"));
         let appender = Self {
             queue,
             head: head_receiver,
@@ -302,5 +299,104 @@ async fn run<W: BatchWriter>(
     writer.close().await;
     if let Some(done) = closing {
         let _ = done.send(());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc as sync;
+
+    use super::*;
+    use crate::model::{ExpectedVersion, NewEvent, StreamId};
+
+    /// Answers every call as written, telling on which thread each batch ran and when the
+    /// appender closed it.
+    struct Recording {
+        threads: sync::Sender<Option<String>>,
+        closed: sync::Sender<()>,
+    }
+
+    impl BatchWriter for Recording {
+        async fn write(
+            &mut self,
+            calls: &[Vec<AppendRequest>],
+        ) -> Result<BatchOutcome, StoreError> {
+            let thread = std::thread::current().name().map(str::to_owned);
+            let _ = self.threads.send(thread);
+            let written = || Appended {
+                positions: 1..=1,
+                streams: Vec::new(),
+                recorded_at: chrono::Utc::now(),
+            };
+            Ok(BatchOutcome {
+                results: calls.iter().map(|_| Ok(written())).collect(),
+                head: Some(1),
+            })
+        }
+
+        async fn close(self) {
+            let _ = self.closed.send(());
+        }
+    }
+
+    fn recording() -> (
+        Recording,
+        sync::Receiver<Option<String>>,
+        sync::Receiver<()>,
+    ) {
+        let (threads, ran_on) = sync::channel();
+        let (closed, was_closed) = sync::channel();
+        (Recording { threads, closed }, ran_on, was_closed)
+    }
+
+    fn one_event() -> Vec<AppendRequest> {
+        let payload = serde_json::value::to_raw_value(&serde_json::json!({})).expect("json");
+        vec![AppendRequest::new(
+            StreamId::new("op-coupon-1").expect("a stream id"),
+            ExpectedVersion::Any,
+            vec![NewEvent::new("Received", 1, payload)],
+        )]
+    }
+
+    const PATIENCE: Duration = Duration::from_secs(5);
+
+    /// On a thread of its own, batches run on `opledger-appender` whatever runtime the caller
+    /// is on, callers get their answers, and the last handle dropped stops it (its writer
+    /// closed), with no `close` call.
+    #[tokio::test]
+    async fn an_appender_on_its_own_thread_writes_there_and_stops_with_its_last_handle() {
+        let (writer, ran_on, closed) = recording();
+        let (head, _) = watch::channel(0);
+        let appender = Appender::spawn_on_own_thread(writer, head, GroupCommitOptions::default())
+            .expect("an appender thread");
+        let appended = appender.append(one_event()).await.expect("appended");
+        assert_eq!(appended.positions, 1..=1);
+        assert_eq!(
+            ran_on.recv_timeout(PATIENCE).expect("a batch"),
+            Some("opledger-appender".to_owned())
+        );
+        let handle = appender.clone();
+        drop(appender);
+        handle
+            .append(one_event())
+            .await
+            .expect("a clone still appends");
+        drop(handle);
+        closed
+            .recv_timeout(PATIENCE)
+            .expect("the writer is closed once every handle is gone");
+    }
+
+    /// As a task, batches run on the caller's runtime (here the test's one thread).
+    #[tokio::test]
+    async fn an_appender_task_writes_on_the_callers_runtime() {
+        let (writer, ran_on, closed) = recording();
+        let (head, _) = watch::channel(0);
+        let appender = Appender::spawn(writer, head, GroupCommitOptions::default());
+        appender.append(one_event()).await.expect("appended");
+        let test_thread = std::thread::current().name().map(str::to_owned);
+        assert_eq!(ran_on.recv_timeout(PATIENCE).expect("a batch"), test_thread);
+        appender.close().await;
+        closed.try_recv().expect("closed by close");
     }
 }
