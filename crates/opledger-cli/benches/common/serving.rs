@@ -16,10 +16,13 @@ pub(crate) struct Service {
 }
 
 /// The `opledger` binary to run: `OPLEDGER_BENCH_BIN` if set (e.g. an older build, to compare
-/// in one run), else the one Cargo built with the bench.
+/// in one run; a relative path is taken from where the bench was started, since the service
+/// runs in its own folder), else the one Cargo built with the bench.
 pub(crate) fn binary() -> std::path::PathBuf {
-    std::env::var_os("OPLEDGER_BENCH_BIN")
-        .map_or_else(|| env!("CARGO_BIN_EXE_opledger").into(), Into::into)
+    std::env::var_os("OPLEDGER_BENCH_BIN").map_or_else(
+        || env!("CARGO_BIN_EXE_opledger").into(),
+        |path| std::path::absolute(&path).unwrap_or_else(|_| path.into()),
+    )
 }
 
 impl Service {
