@@ -162,13 +162,7 @@ async fn a_sigterm_right_after_the_serving_line_stops_serve_gracefully() {
         command.current_dir(dir.path()).arg("--config").arg(&path);
         let mut serving = Serving::start(command);
         serving.address().await;
-        let status = serving.terminate().await;
-        assert_eq!(status.code(), Some(0), "stderr: {}", serving.stderr());
-        assert!(
-            serving.stdout().contains("opledger stopped"),
-            "{}",
-            serving.stdout()
-        );
+        stops_gracefully_on_sigterm(&mut serving).await;
     }
 }
 
@@ -223,13 +217,7 @@ async fn serve_without_a_bot_starts_on_sqlite_answers_healthz_and_stops_on_sigte
         StatusCode::NOT_FOUND,
         "no bot, no webhook"
     );
-    let status = serving.terminate().await;
-    assert_eq!(status.code(), Some(0), "stderr: {}", serving.stderr());
-    assert!(
-        serving.stdout().contains("opledger stopped"),
-        "{}",
-        serving.stdout()
-    );
+    stops_gracefully_on_sigterm(&mut serving).await;
     assert_eq!(
         serving.stderr(),
         "",
@@ -299,6 +287,17 @@ const CANARY_ENV: &[(&str, &str)] = &[
     ("SHOP_SECRET", CANARY_SECRET),
     ("OPLEDGER_LOG", "trace"),
 ];
+
+/// Sends SIGTERM and checks that `serve` stopped as asked: exit code 0, "opledger stopped".
+async fn stops_gracefully_on_sigterm(serving: &mut Serving) {
+    let status = serving.terminate().await;
+    assert_eq!(status.code(), Some(0), "stderr: {}", serving.stderr());
+    assert!(
+        serving.stdout().contains("opledger stopped"),
+        "{}",
+        serving.stdout()
+    );
+}
 
 /// Waits until `check` holds; fails after [`PATIENCE`].
 async fn wait_for(what: &str, check: impl Fn() -> bool) {
