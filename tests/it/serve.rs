@@ -166,6 +166,90 @@ async fn a_sigterm_right_after_the_serving_line_stops_serve_gracefully() {
     }
 }
 
+/// With intake first (the default) the read models run on a thread of their own, nicer than
+/// the service's threads (ADR 0023); with `--no-intake-priority` on the service's runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_its_read_models_on_a_thread_below_intake() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = write_config(
+        dir.path(),
+        "opledger.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    for (args, below) in [(&[][..], true), (&["--no-intake-priority"][..], false)] {
+        let mut command = opledger(&[]);
+        command
+            .current_dir(dir.path())
+            .arg("--config")
+            .arg(&path)
+            .arg("serve")
+            .args(args);
+        let mut serving = Serving::spawn(command);
+        let address = serving.address().await;
+        // The service answers only after it started its read models.
+        let healthz = reqwest::get(format!("http://{address}/healthz"))
+            .await
+            .expect("healthz answers");
+        assert_eq!(healthz.status(), StatusCode::OK);
+        let threads = threads(serving.pid());
+        let service = threads
+            .iter()
+            .find(|t| t.id == serving.pid())
+            .expect("the main thread")
+            .nice;
+        // The kernel keeps 15 bytes of a thread's name.
+        let read_models: Vec<&Task> = threads
+            .iter()
+            .filter(|t| t.name == "opledger-read-m")
+            .collect();
+        if below {
+            assert_eq!(read_models.len(), 1, "{threads:?}");
+            assert_eq!(read_models[0].nice, (service + 10).min(19), "{threads:?}");
+        } else {
+            assert!(read_models.is_empty(), "{threads:?}");
+            assert!(threads.iter().all(|t| t.nice == service), "{threads:?}");
+        }
+        stops_gracefully_on_sigterm(&mut serving).await;
+    }
+}
+
+/// A thread of a process, from `/proc`.
+#[derive(Debug)]
+struct Task {
+    id: u32,
+    name: String,
+    nice: i32,
+}
+
+/// The threads of process `pid` with their names and nice values.
+fn threads(pid: u32) -> Vec<Task> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/<pid>/task");
+    tasks
+        .map(|task| {
+            let task = task.expect("task entry").path();
+            let id = task
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse().ok())
+                .expect("a thread id");
+            let name = std::fs::read_to_string(task.join("comm")).expect("comm");
+            let stat = std::fs::read_to_string(task.join("stat")).expect("stat");
+            // Fields after the name's closing parenthesis: state is the 3rd field, nice the 19th.
+            let after = &stat[stat.rfind(')').expect("(comm)") + 1..];
+            let nice = after
+                .split_whitespace()
+                .nth(16)
+                .and_then(|n| n.parse().ok())
+                .expect("the nice field");
+            Task {
+                id,
+                name: name.trim_end().to_owned(),
+                nice,
+            }
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_without_a_bot_starts_on_sqlite_answers_healthz_and_stops_on_sigterm() {
     let http = reqwest::Client::new();

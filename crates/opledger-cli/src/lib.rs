@@ -5,6 +5,7 @@
 //! stderr with a non-zero exit code: 2 for a bad configuration or usage (a ledger that is not
 //! there included), 1 for anything else.
 
+mod background;
 mod cmd;
 mod database;
 mod output;

@@ -144,6 +144,11 @@ impl Serving {
         self.stderr.lock().expect("not poisoned").clone()
     }
 
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process is still running.
     pub(crate) fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -2,6 +2,7 @@
 //! SIGINT or SIGTERM stops it gracefully.
 
 use std::future::Future;
+use std::pin::Pin;
 
 use crate::cmd::worker::Workers;
 use anyhow::Context;
@@ -10,6 +11,7 @@ use opledger_projections::{Projector, ProjectorOptions};
 use opledger_server::App;
 use opledger_store::AnyStore;
 
+use crate::background;
 use crate::cmd::worker::WorkerArgs;
 use crate::database;
 
@@ -24,9 +26,9 @@ pub(crate) struct Serve {
     #[arg(long)]
     no_projections: bool,
     /// Do not make this process's read models wait while updates are being recorded, nor its
-    /// worker while a crowd of them is (by default they do, at most 50 ms a step, so that
-    /// acknowledgements stay fast under load; without it more operations per second finish,
-    /// acknowledged later).
+    /// worker while a crowd of them is (by default they do, at most 50 ms a step, and the read
+    /// models run on a thread below the service's priority, so that acknowledgements stay
+    /// fast under load; without it more operations per second finish, acknowledged later).
     #[arg(long)]
     no_intake_priority: bool,
     #[command(flatten)]
@@ -108,6 +110,9 @@ pub(crate) struct Service {
     app: App,
     worker: Option<Workers>,
     projector: Option<Projector>,
+    /// Whether intake goes first ([`opledger_store::Priority`]); then the read models also
+    /// run on a thread below the service's priority.
+    foreground_first: bool,
 }
 
 impl Service {
@@ -119,9 +124,8 @@ impl Service {
         config: &Config,
         store: AnyStore,
     ) -> anyhow::Result<Service> {
-        store
-            .priority()
-            .put_foreground_first(!serve.no_intake_priority);
+        let foreground_first = !serve.no_intake_priority;
+        store.priority().put_foreground_first(foreground_first);
         let projector = if serve.no_projections {
             None
         } else {
@@ -148,6 +152,7 @@ impl Service {
             app: App::build(config, store),
             worker,
             projector,
+            foreground_first,
         })
     }
 
@@ -161,12 +166,26 @@ impl Service {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let projector = self.projector.map(|projector| {
-            let mut stopped = stopped.clone();
-            tokio::spawn(projector.run(async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            }))
-        });
+        let projector = match self.projector {
+            None => None,
+            Some(projector) => {
+                let mut stopped = stopped.clone();
+                let run = projector.run(async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                });
+                Some(if self.foreground_first {
+                    // Below intake: the kernel preempts a page for an update (ADR 0023).
+                    let thread = background::spawn("opledger-read-models", run)
+                        .context("cannot start the read models' thread")?;
+                    Box::pin(thread.join()) as Pin<Box<dyn Future<Output = ()> + Send>>
+                } else {
+                    let task = tokio::spawn(run);
+                    Box::pin(async move {
+                        let _ = task.await;
+                    })
+                })
+            }
+        };
         let worker = self.worker.map(|worker| {
             let mut stopped = stopped.clone();
             tokio::spawn(async move {
@@ -186,7 +205,7 @@ impl Service {
                     let _ = worker.await;
                 }
                 if let Some(projector) = projector {
-                    let _ = projector.await;
+                    projector.await;
                 }
             })
             .await;
