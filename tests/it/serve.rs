@@ -166,22 +166,33 @@ async fn a_sigterm_right_after_the_serving_line_stops_serve_gracefully() {
     }
 }
 
-/// With intake first (the default) the read models run on a thread of their own, nicer than
-/// the service's threads (ADR 0023); with `--no-intake-priority` on the service's runtime.
+/// With intake first (the default) on SQLite the read models run on a thread of their own,
+/// nicer than the service's threads (ADR 0023); with `--no-intake-priority`, and on PostgreSQL
+/// (whose sockets belong to the runtime that opened them), on the service's runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_runs_its_read_models_on_a_thread_below_intake() {
+async fn serve_runs_its_read_models_on_a_thread_below_intake_on_sqlite() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = write_config(
         dir.path(),
         "opledger.toml",
         "[server]\nlisten = \"127.0.0.1:0\"\n",
     );
-    for (args, below) in [(&[][..], true), (&["--no-intake-priority"][..], false)] {
+    let cases: [(Backend, &[&str], bool); 3] = [
+        (Backend::Sqlite, &[], true),
+        (Backend::Sqlite, &["--no-intake-priority"], false),
+        (Backend::Postgres, &[], false),
+    ];
+    for (backend, args, below) in cases {
+        let Some(ledger) = Ledger::create(backend).await else {
+            continue;
+        };
         let mut command = opledger(&[]);
         command
             .current_dir(dir.path())
             .arg("--config")
             .arg(&path)
+            .arg("--database-url")
+            .arg(ledger.url())
             .arg("serve")
             .args(args);
         let mut serving = Serving::spawn(command);
@@ -203,10 +214,10 @@ async fn serve_runs_its_read_models_on_a_thread_below_intake() {
             .filter(|t| t.name == "opledger-read-m")
             .collect();
         if below {
-            assert_eq!(read_models.len(), 1, "{threads:?}");
+            assert_eq!(read_models.len(), 1, "{backend:?} {args:?}: {threads:?}");
             assert_eq!(read_models[0].nice, (service + 10).min(19), "{threads:?}");
         } else {
-            assert!(read_models.is_empty(), "{threads:?}");
+            assert!(read_models.is_empty(), "{backend:?} {args:?}: {threads:?}");
             assert!(threads.iter().all(|t| t.nice == service), "{threads:?}");
         }
         stops_gracefully_on_sigterm(&mut serving).await;

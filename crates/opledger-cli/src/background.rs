@@ -1,5 +1,5 @@
 //! Background work on a thread of its own that the kernel runs after the service's threads:
-//! the read models' runner under `opledger serve` (ADR 0023).
+//! the read models' runner under `opledger serve` on SQLite (ADR 0023).
 //!
 //! Tokio cannot preempt a task. A read model's page (a thousand events decoded and folded,
 //! milliseconds of CPU) holds one of the service's runtime threads until its next `.await`,
@@ -9,6 +9,10 @@
 //! preempts it when an update needs the core. It still gets a share of a busy machine (at
 //! nice +10 about a tenth of a service thread's), so the read models fall behind a flood of
 //! updates and catch up when it eases, but never stop.
+//!
+//! Only work whose sockets are its own belongs here: a socket is woken by the reactor of the
+//! runtime that opened it, so a pooled connection opened here and later lent to the service
+//! would make the service's reads wait for this thread, and fail once it has stopped.
 
 use std::future::Future;
 

@@ -9,7 +9,7 @@ use anyhow::Context;
 use opledger_config::{BotMode, Config};
 use opledger_projections::{Projector, ProjectorOptions};
 use opledger_server::App;
-use opledger_store::AnyStore;
+use opledger_store::{AnyStore, Either};
 
 use crate::background;
 use crate::cmd::worker::WorkerArgs;
@@ -26,9 +26,10 @@ pub(crate) struct Serve {
     #[arg(long)]
     no_projections: bool,
     /// Do not make this process's read models wait while updates are being recorded, nor its
-    /// worker while a crowd of them is (by default they do, at most 50 ms a step, and the read
-    /// models run on a thread below the service's priority, so that acknowledgements stay
-    /// fast under load; without it more operations per second finish, acknowledged later).
+    /// worker while a crowd of them is (by default they do, at most 50 ms a step, and on SQLite
+    /// the read models run on a thread below the service's priority, so that acknowledgements
+    /// stay fast under load; without it more operations per second finish, acknowledged
+    /// later).
     #[arg(long)]
     no_intake_priority: bool,
     #[command(flatten)]
@@ -110,9 +111,12 @@ pub(crate) struct Service {
     app: App,
     worker: Option<Workers>,
     projector: Option<Projector>,
-    /// Whether intake goes first ([`opledger_store::Priority`]); then the read models also
-    /// run on a thread below the service's priority.
-    foreground_first: bool,
+    /// Whether the read models run on a thread of their own below the service's priority
+    /// (ADR 0023): with intake first, on SQLite. Not on PostgreSQL: a socket is woken by the
+    /// reactor of the runtime that opened it, and the read models share the readers' pool
+    /// with intake, so a connection they opened would tie intake's reads to their thread
+    /// (and break when it stops).
+    read_models_below: bool,
 }
 
 impl Service {
@@ -126,6 +130,7 @@ impl Service {
     ) -> anyhow::Result<Service> {
         let foreground_first = !serve.no_intake_priority;
         store.priority().put_foreground_first(foreground_first);
+        let read_models_below = foreground_first && matches!(store, Either::Sqlite(_));
         let projector = if serve.no_projections {
             None
         } else {
@@ -152,7 +157,7 @@ impl Service {
             app: App::build(config, store),
             worker,
             projector,
-            foreground_first,
+            read_models_below,
         })
     }
 
@@ -173,7 +178,7 @@ impl Service {
                 let run = projector.run(async move {
                     let _ = stopped.wait_for(|stop| *stop).await;
                 });
-                Some(if self.foreground_first {
+                Some(if self.read_models_below {
                     // Below intake: the kernel preempts a page for an update (ADR 0023).
                     let thread = background::spawn("opledger-read-models", run)
                         .context("cannot start the read models' thread")?;
