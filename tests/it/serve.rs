@@ -152,11 +152,7 @@ async fn a_bad_configuration_stops_serve_with_code_2_and_one_line_naming_the_key
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigterm_right_after_the_serving_line_stops_serve_gracefully() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let path = write_config(
-        dir.path(),
-        "opledger.toml",
-        "[server]\nlisten = \"127.0.0.1:0\"\n",
-    );
+    let path = any_port_config(dir.path());
     for _ in 0..5 {
         let mut command = opledger(&[]);
         command.current_dir(dir.path()).arg("--config").arg(&path);
@@ -172,11 +168,7 @@ async fn a_sigterm_right_after_the_serving_line_stops_serve_gracefully() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_runs_its_read_models_on_a_thread_below_intake_on_sqlite() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let path = write_config(
-        dir.path(),
-        "opledger.toml",
-        "[server]\nlisten = \"127.0.0.1:0\"\n",
-    );
+    let path = any_port_config(dir.path());
     let cases: [(Backend, &[&str], bool); 3] = [
         (Backend::Sqlite, &[], true),
         (Backend::Sqlite, &["--no-intake-priority"], false),
@@ -265,13 +257,8 @@ fn threads(pid: u32) -> Vec<Task> {
 async fn serve_without_a_bot_starts_on_sqlite_answers_healthz_and_stops_on_sigterm() {
     let http = reqwest::Client::new();
 
-    // A configuration that only moves the port: the rest is the defaults.
     let dir = tempfile::tempdir().expect("temporary directory");
-    let path = write_config(
-        dir.path(),
-        "opledger.toml",
-        "[server]\nlisten = \"127.0.0.1:0\"\n",
-    );
+    let path = any_port_config(dir.path());
     let mut command = opledger(&[]);
     command.current_dir(dir.path()).arg("--config").arg(&path);
     let mut serving = Serving::start(command);
@@ -392,6 +379,11 @@ async fn stops_gracefully_on_sigterm(serving: &mut Serving) {
         "{}",
         serving.stdout()
     );
+}
+
+/// A configuration that only moves the port to any free one: the rest is the defaults.
+fn any_port_config(dir: &Path) -> std::path::PathBuf {
+    write_config(dir, "opledger.toml", "[server]\nlisten = \"127.0.0.1:0\"\n")
 }
 
 /// Waits until `check` holds; fails after [`PATIENCE`].
