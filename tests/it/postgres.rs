@@ -670,6 +670,48 @@ async fn another_instance_s_appends_wake_this_instance_s_readers() {
     writer.close().await;
 }
 
+/// Background work on a runtime of its own (the read models' runner on its thread, ADR 0023)
+/// reads through the store's background connections: it never waits for a reader the service
+/// holds, and never lends the service a connection that its runtime's reactor wakes (which
+/// would fail once that runtime stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_reads_go_through_connections_of_their_own() {
+    let Some(database) = TestDatabase::create().await else {
+        return;
+    };
+    let options = PgOptions {
+        read_connections: 1,
+        connect_timeout: Duration::from_secs(2),
+        ..PgOptions::default()
+    };
+    let store = open(database.url(), options).await;
+    store.append(one("op-background", "Seen", 0)).await.unwrap();
+    let held = store.reader().acquire().await.expect("the only reader");
+    let background = store.for_background();
+    let read = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async { background.read_all(1, 10).await.map(|events| events.len()) })
+    })
+    .join()
+    .expect("the background thread");
+    assert_eq!(
+        read.expect("a background read while the service holds every reader"),
+        1
+    );
+    drop(held);
+    // That runtime is gone; the service's readers still answer.
+    for _ in 0..3 {
+        assert_eq!(store.read_all(1, 10).await.expect("a read").len(), 1);
+    }
+    let other = store.for_background();
+    assert_eq!(other.read_all(1, 10).await.expect("a read").len(), 1);
+    store.close().await;
+    assert!(other.reader().is_closed() && other.queue_reader().is_closed());
+}
+
 #[tokio::test]
 async fn truncate_is_refused() {
     let Some(database) = TestDatabase::create().await else {

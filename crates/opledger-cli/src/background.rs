@@ -1,5 +1,5 @@
 //! Background work on a thread of its own that the kernel runs after the service's threads:
-//! the read models' runner under `opledger serve` on SQLite (ADR 0023).
+//! the read models' runner under `opledger serve` (ADRs 0023, 0024).
 //!
 //! Tokio cannot preempt a task. A read model's page (a thousand events decoded and folded,
 //! milliseconds of CPU) holds one of the service's runtime threads until its next `.await`,
@@ -12,7 +12,8 @@
 //!
 //! Only work whose sockets are its own belongs here: a socket is woken by the reactor of the
 //! runtime that opened it, so a pooled connection opened here and later lent to the service
-//! would make the service's reads wait for this thread, and fail once it has stopped.
+//! would make the service's reads wait for this thread, and fail once it has stopped. On
+//! PostgreSQL such work reads through a store handle of its own (`AnyStore::for_background`).
 
 use std::future::Future;
 

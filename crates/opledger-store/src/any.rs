@@ -76,6 +76,17 @@ impl AnyStore {
         either!(map self, store => store.reader())
     }
 
+    /// The same ledger for background work on a runtime of its own (the read models' runner on
+    /// its thread, ADR 0023): on PostgreSQL its reads go through connections of their own (see
+    /// [`PgStore::for_background`]); SQLite's connections run on threads of their own and are
+    /// woken by no runtime, so on SQLite it is a clone.
+    pub fn for_background(&self) -> AnyStore {
+        match self {
+            Either::Sqlite(store) => Either::Sqlite(store.clone()),
+            Either::Postgres(store) => Either::Postgres(store.for_background()),
+        }
+    }
+
     /// The worker's queue reads (which operations are due): on PostgreSQL, connections whose
     /// plans stay on the queue's index whatever the table's statistics say; on SQLite, the
     /// read pool.

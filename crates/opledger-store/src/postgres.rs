@@ -90,19 +90,56 @@ impl Default for PgOptions {
 }
 
 /// An event store in one PostgreSQL database. Cheap to clone; clones share the appender, the
-/// read pool and the listener.
+/// read pools and the listener.
 #[derive(Clone, Debug)]
 pub struct PgStore {
     inner: Arc<Inner>,
+    /// Where this handle reads: the store's pools, or for a handle from
+    /// [`PgStore::for_background`] pools of its own.
+    reads: Reads,
 }
 
 #[derive(Debug)]
 struct Inner {
-    readers: PgPool,
-    queue: PgPool,
     projections: PgPool,
     appender: Appender,
     listener: JoinHandle<()>,
+    /// How to open another handle's read pools ([`PgStore::for_background`]).
+    reads: ReadOptions,
+    /// Every handle's read pools, the store's first: closed with the store.
+    opened: std::sync::Mutex<Vec<Reads>>,
+}
+
+/// A handle's read pools.
+#[derive(Clone, Debug)]
+struct Reads {
+    readers: PgPool,
+    queue: PgPool,
+}
+
+impl Reads {
+    /// Pools that open their connections when first asked, on the runtime that asks.
+    fn lazy(options: &ReadOptions) -> Reads {
+        Reads {
+            readers: read_pool(options.max, options.acquire_timeout)
+                .connect_lazy_with(options.readers.clone()),
+            queue: read_pool(2, options.acquire_timeout).connect_lazy_with(options.queue.clone()),
+        }
+    }
+
+    async fn close(&self) {
+        self.readers.close().await;
+        self.queue.close().await;
+    }
+}
+
+/// What [`Reads`] connect with.
+#[derive(Debug)]
+struct ReadOptions {
+    readers: PgConnectOptions,
+    queue: PgConnectOptions,
+    max: u32,
+    acquire_timeout: Duration,
 }
 
 impl Drop for Inner {
@@ -139,12 +176,16 @@ impl PgStore {
         // plan cached while the ledger was small (scan and sort every event) would otherwise
         // outlive the growth, since nothing guarantees an ANALYZE to invalidate it. These
         // queries are simple; planning them costs little.
-        let readers = read_pool(options.read_connections.max(1), options.connect_timeout)
-            .connect_with(
-                connect
-                    .clone()
-                    .options([("plan_cache_mode", "force_custom_plan")]),
-            )
+        let read_options = ReadOptions {
+            readers: connect
+                .clone()
+                .options([("plan_cache_mode", "force_custom_plan")]),
+            queue: connect.clone().options(queue_settings()),
+            max: options.read_connections.max(1),
+            acquire_timeout: options.connect_timeout,
+        };
+        let readers = read_pool(read_options.max, read_options.acquire_timeout)
+            .connect_with(read_options.readers.clone())
             .await
             .map_err(open_error)?;
         // The worker's queue reads (`due`, `next_due`: up to a few rows through a partial index
@@ -152,8 +193,9 @@ impl PgStore {
         // statements: custom plans made before the table's first ANALYZE (its first minute, and
         // every benchmark) scanned and sorted all of its rows at every look, finished ones
         // included.
-        let queue = read_pool(2, options.connect_timeout)
-            .connect_lazy_with(connect.clone().options(queue_settings()));
+        let queue = read_pool(2, read_options.acquire_timeout)
+            .connect_lazy_with(read_options.queue.clone());
+        let reads = Reads { readers, queue };
         // Asynchronous read models write on their own connections (transactions, and a session
         // advisory lock per projection runner), never on the readers'.
         let projections = PgPoolOptions::new()
@@ -185,34 +227,60 @@ impl PgStore {
             .map_err(|e| open_error(sqlx::Error::Io(e)))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                readers,
-                queue,
                 projections,
                 appender,
                 listener,
+                reads: read_options,
+                opened: std::sync::Mutex::new(vec![reads.clone()]),
             }),
+            reads,
         })
     }
 
-    /// Commits what is queued, then closes the writer, the listener and the read pool. Appends
-    /// after this fail with [`StoreError::Closed`].
+    /// Commits what is queued, then closes the writer, the listener and every handle's read
+    /// pools. Appends after this fail with [`StoreError::Closed`].
     pub async fn close(&self) {
         self.inner.appender.close().await;
         self.inner.listener.abort();
-        self.inner.readers.close().await;
-        self.inner.queue.close().await;
+        let opened = self
+            .inner
+            .opened
+            .lock()
+            .map(|o| o.clone())
+            .unwrap_or_default();
+        for reads in opened {
+            reads.close().await;
+        }
         self.inner.projections.close().await;
     }
 
     /// The read pool, for read models that live in the same database.
     pub fn reader(&self) -> &PgPool {
-        &self.inner.readers
+        &self.reads.readers
+    }
+
+    /// The same ledger, whose reads (the read pool's and the queue's) go through connections
+    /// of its own, opened as it first needs them: a handle for work that runs on a runtime of
+    /// its own (the read models on a thread below the service, ADRs 0023, 0024). A
+    /// socket is woken by the reactor of the runtime that opened it, so a connection such work
+    /// opened in a shared pool would make the service's reads wait for that thread, and fail
+    /// once its runtime stopped. Give each such runtime a handle of its own; its clones share
+    /// its pools. Appends and the projection pool are the store's.
+    pub fn for_background(&self) -> PgStore {
+        let reads = Reads::lazy(&self.inner.reads);
+        if let Ok(mut opened) = self.inner.opened.lock() {
+            opened.push(reads.clone());
+        }
+        PgStore {
+            inner: Arc::clone(&self.inner),
+            reads,
+        }
     }
 
     /// Read-only connections for the worker's queue: which operations are due, and when the
     /// next one will be. Their plans stay on the queue's index (see [`queue_settings`]).
     pub fn queue_reader(&self) -> &PgPool {
-        &self.inner.queue
+        &self.reads.queue
     }
 
     /// This process's foreground work (intake) before its background work (the worker, the
@@ -229,7 +297,7 @@ impl PgStore {
 
     /// The read pool, for the reads both backends share.
     fn pool(&self) -> ReadPool<'_> {
-        Either::Postgres(&self.inner.readers)
+        Either::Postgres(&self.reads.readers)
     }
 }
 

@@ -9,7 +9,7 @@ use anyhow::Context;
 use opledger_config::{BotMode, Config};
 use opledger_projections::{Projector, ProjectorOptions};
 use opledger_server::App;
-use opledger_store::{AnyStore, Either};
+use opledger_store::AnyStore;
 
 use crate::background;
 use crate::cmd::worker::WorkerArgs;
@@ -112,10 +112,9 @@ pub(crate) struct Service {
     worker: Option<Workers>,
     projector: Option<Projector>,
     /// Whether the read models run on a thread of their own below the service's priority
-    /// (ADR 0023): with intake first, on SQLite. Not on PostgreSQL: a socket is woken by the
-    /// reactor of the runtime that opened it, and the read models share the readers' pool
-    /// with intake, so a connection they opened would tie intake's reads to their thread
-    /// (and break when it stops).
+    /// (ADRs 0023, 0024): with intake first. Their store handle is `AnyStore::for_background`:
+    /// on PostgreSQL its reads go through connections of its own, so none of intake's reads
+    /// waits on their thread.
     read_models_below: bool,
 }
 
@@ -130,12 +129,12 @@ impl Service {
     ) -> anyhow::Result<Service> {
         let foreground_first = !serve.no_intake_priority;
         store.priority().put_foreground_first(foreground_first);
-        let read_models_below = foreground_first && matches!(store, Either::Sqlite(_));
+        let read_models_below = foreground_first;
         let projector = if serve.no_projections {
             None
         } else {
             let mut projector = Projector::new(
-                store.clone(),
+                store.for_background(),
                 opledger_projections::builtin(),
                 ProjectorOptions {
                     runner: runner_id(),
