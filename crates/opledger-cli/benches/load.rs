@@ -141,6 +141,25 @@ fn read_model_lag(service: &serving::Service) -> Option<u64> {
         .max()
 }
 
+/// A lag the read models are caught up at: one page (`ProjectorOptions::default().page_size`).
+const CAUGHT_UP: u64 = 1000;
+
+/// How long after the load stopped the read models' largest lag took to fall to [`CAUGHT_UP`]
+/// (the worker may still be working off its backlog, appending meanwhile): `Ok` with the time,
+/// `Err(limit)` if it had not by then.
+fn catch_up(service: &serving::Service, limit: Duration) -> Result<Duration, Duration> {
+    let stopped = Instant::now();
+    loop {
+        if read_model_lag(service).is_none_or(|lag| lag <= CAUGHT_UP) {
+            return Ok(stopped.elapsed());
+        }
+        if stopped.elapsed() >= limit {
+            return Err(limit);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// How many operations the worker has not taken up yet (still `received`).
 fn worker_backlog(service: &serving::Service) -> u64 {
     let output = std::process::Command::new(serving::binary())
@@ -410,12 +429,15 @@ async fn raw_sqlite_rate(dir: &std::path::Path, seconds: u64) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
-/// One variant's two phases and the read models' lag at the end.
+/// One variant's two phases, the read models' lag at the end and how long they took to catch up
+/// after it.
 struct Run {
     variant: &'static str,
     full: Measured,
     paced: Measured,
     lag: Option<u64>,
+    /// With the read models: [`catch_up`].
+    caught_up: Option<Result<Duration, Duration>>,
     /// With the worker: the operations it had not taken up yet when the paced phase started,
     /// and when it ended.
     backlog: Option<(u64, u64)>,
@@ -442,12 +464,14 @@ async fn run_variant(
     let paced = paced(&url, quarter, seconds.clamp(3, 10), next).await;
     let backlog = before.map(|before| (before, worker_backlog(&service)));
     let lag = read_model_lag(&service);
+    let caught_up = lag.map(|_| catch_up(&service, Duration::from_secs(30)));
     service.stop();
     Run {
         variant,
         full,
         paced,
         lag,
+        caught_up,
         backlog,
     }
 }
@@ -478,11 +502,12 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 /// The variants side by side: closed-loop acks/s (and its ratio to intake alone), p99 closed
 /// loop, p99 at a quarter of the closed-loop rate, the worker's backlog (operations not taken up
-/// yet) when that paced phase started and ended, and the read models' lag at the end.
+/// yet) when that paced phase started and ended, the read models' lag at the end and how long
+/// after it they were within a page of the head.
 /// `runs[v][r]` is variant `v` in round `r`; with several rounds every figure is the median over
 /// them, the ratio is the median of each round's ratio to that round's intake alone (shown with
-/// its lowest and highest), the lag is shown with its largest, and the backlog is the last
-/// round's.
+/// its lowest and highest), the lag and the catch-up are shown with their largest, and the
+/// backlog is the last round's.
 fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     let ms = |seconds: f64| format!("{:.2}", seconds * 1e3);
     let rounds = runs.first().map_or(0, Vec::len);
@@ -505,9 +530,9 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     };
     println!("\n`serve` on {backend}, side by side ({heading}):\n");
     println!(
-        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end | cores busy (closed loop) | CPU µs per ack, all but the load generator (of it the service) |"
+        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end | read models within a page after | cores busy (closed loop) | CPU µs per ack, all but the load generator (of it the service) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for variant in runs {
         let Some(last) = variant.last() else { continue };
         let ratio = ratios(variant);
@@ -523,6 +548,28 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             .filter_map(|r| r.lag)
             .map(|l| l as f64)
             .collect();
+        let catch_ups: Vec<Result<Duration, Duration>> =
+            variant.iter().filter_map(|r| r.caught_up).collect();
+        let caught_up = if catch_ups.is_empty() {
+            "-".to_owned()
+        } else {
+            let seconds = |c: &Result<Duration, Duration>| match c {
+                Ok(d) | Err(d) => d.as_secs_f64(),
+            };
+            let shown = |c: &Result<Duration, Duration>| match c {
+                Ok(d) => format!("{:.1} s", d.as_secs_f64()),
+                Err(limit) => format!("> {:.0} s", limit.as_secs_f64()),
+            };
+            let mut sorted = catch_ups.clone();
+            sorted.sort_by(|a, b| seconds(a).total_cmp(&seconds(b)));
+            let middle = shown(&sorted[(sorted.len() - 1) / 2]);
+            let last = sorted.last().map(shown).unwrap_or_default();
+            if rounds == 1 {
+                middle
+            } else {
+                format!("{middle} (max {last})")
+            }
+        };
         let cpu: Vec<Cpu> = variant.iter().filter_map(|r| r.full.cpu).collect();
         let (busy, per_ack) = if cpu.is_empty() {
             ("-".to_owned(), "-".to_owned())
@@ -544,7 +591,7 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             )
         };
         println!(
-            "| {} | {:.0} | {:.2}x{spread} | {} | {} | {} | {} | {} | {busy} | {per_ack} |",
+            "| {} | {:.0} | {:.2}x{spread} | {} | {} | {} | {} | {} | {caught_up} | {busy} | {per_ack} |",
             last.variant,
             of(variant, &|r| r.full.acks_per_second),
             median(ratio),
