@@ -31,8 +31,8 @@ use opledger_projections::{
 use opledger_store::chain::Link;
 use opledger_store::inline::ProjectionError;
 use opledger_store::{
-    AnyStore, AppendRequest, EventStore, ExpectedVersion, NewEvent, ReadPool, RecordedEvent,
-    StreamId,
+    AnyStore, AppendRequest, EventStore, ExpectedVersion, NewEvent, Priority, ReadPool,
+    RecordedEvent, StreamId,
 };
 use sqlx::Connection;
 use tokio::sync::Notify;
@@ -689,6 +689,37 @@ async fn the_runner_catches_up_under_concurrent_appends(backend: Backend) {
     let status = registry::list(&store).await.expect("list");
     let listed = status.iter().find(|s| s.name == NAME).expect("listed");
     assert_eq!((listed.lag, listed.inline), (0, false));
+    running.stop().await;
+    store.close().await;
+}
+
+/// With intake first and a crowd of updates in flight, a page on PostgreSQL waits up to
+/// `Priority::CROWDED_PAGE_WAIT` (ADR 0025), not the 50 ms it waits for an update or two; once
+/// the crowd has gone the runner catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_crowded_intake_holds_the_pages_back_until_it_eases() {
+    let Some(ledger) = Ledger::create(Backend::Postgres).await else {
+        return;
+    };
+    let store = ledger.open().await;
+    append_events(store.clone(), 0, 30).await;
+    let priority = store.priority().clone();
+    priority.put_foreground_first(true);
+    let crowd: Vec<_> = (0..Priority::CROWD)
+        .map(|_| priority.foreground())
+        .collect();
+    let running = Running::start(&store, arc(positions()), options());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let held = registry::checkpoint(store.reader(), NAME)
+        .await
+        .expect("registry");
+    assert!(
+        held.unwrap_or(0) == 0,
+        "no page while the crowd is there: {held:?}"
+    );
+    drop(crowd);
+    caught_up(&store, NAME).await;
+    assert_positions_replayed(&store).await;
     running.stop().await;
     store.close().await;
 }

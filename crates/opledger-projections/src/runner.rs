@@ -404,8 +404,14 @@ async fn drive(
             continue;
         }
         // This process's intake goes first: the page waits its turn. Under a flood of updates
-        // the read models fall behind, and catch up when it eases.
-        let turn = store.priority().background(Priority::WAIT).await;
+        // the read models fall behind, and catch up when it eases. On PostgreSQL a crowd holds
+        // them back up to a second (ADR 0025): their rows cost the database server's CPU,
+        // which no nice value of this process lowers; on SQLite that work is done below intake
+        // already (ADR 0023), and deferring it only moved it into what follows the flood.
+        let turn = match store {
+            Either::Postgres(_) => store.priority().page().await,
+            Either::Sqlite(_) => store.priority().background(Priority::WAIT).await,
+        };
         let page = shared
             .pages
             .page(active.position + 1, options.page_size, |from, limit| {

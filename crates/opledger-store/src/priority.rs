@@ -18,8 +18,11 @@
 //! one step per task per wait under any steady stream of updates: on PostgreSQL ~270
 //! operations/s (~100 with the read models on) while 1,700–2,500 updates/s arrived, a quarter
 //! of what intake takes, so it fell behind for good (ADR 0021).
-//! The read models' pages yield to any foreground work in flight ([`Priority::background`]):
-//! a page covers up to a thousand events, so they keep up with few turns.
+//! The read models' pages yield to any foreground work in flight ([`Priority::page`]): a page
+//! covers up to a thousand events, so they keep up with few turns. On PostgreSQL, while the
+//! foreground is crowded, a page waits up to a second, not [`Priority::WAIT`]: under a flood
+//! the read models' work (the database server's CPU above all) moves to when it eases, and
+//! they fall behind meanwhile by what arrives, catching up within seconds after (ADR 0025).
 //!
 //! It is off until [`Priority::put_foreground_first`] turns it on (`opledger serve` does): it
 //! trades throughput for latency. Background work that waits is work done later, one unit at
@@ -154,6 +157,10 @@ impl Priority {
     /// at full speed, rarely more than 20 paced at a quarter).
     pub const CROWD: usize = 32;
 
+    /// The longest a read model's page on PostgreSQL waits for its turn while the foreground
+    /// is crowded ([`Priority::page`]).
+    pub const CROWDED_PAGE_WAIT: Duration = Duration::from_secs(1);
+
     /// How long the foreground counts as crowded after it last was: longer than one round of
     /// a full group commit, so that a flood does not look quiet between two batches.
     pub const CROWDED_FOR: Duration = Duration::from_millis(20);
@@ -213,6 +220,19 @@ impl Priority {
             tokio::time::sleep(left).await;
         };
         Turn::after_waiting(&self.shared, busy).await
+    }
+
+    /// Waits for the turn of a read model's page on PostgreSQL (ADR 0025):
+    /// [`Priority::background`] for at most
+    /// [`Priority::WAIT`], or [`Priority::CROWDED_PAGE_WAIT`] while the foreground is
+    /// [`Priority::crowded`].
+    pub async fn page(&self) -> Turn {
+        let longest = if self.crowded() {
+            Self::CROWDED_PAGE_WAIT
+        } else {
+            Self::WAIT
+        };
+        self.background(longest).await
     }
 
     /// Waits for a background task's turn: at once while the priority is off or no foreground
@@ -400,6 +420,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_page_waits_longer_for_a_crowd_than_for_an_update_or_two() {
+        let priority = first();
+        let few = foreground_units(&priority, Priority::CROWD - 1);
+        let started = tokio::time::Instant::now();
+        assert!(priority.page().await.busy());
+        assert_eq!(started.elapsed(), Priority::WAIT);
+        let crowd = foreground_units(&priority, 1);
+        let started = tokio::time::Instant::now();
+        assert!(priority.page().await.busy());
+        assert_eq!(started.elapsed(), Priority::CROWDED_PAGE_WAIT);
+        // A crowd that goes quiet lets the page go at once.
+        let page = {
+            let priority = priority.clone();
+            tokio::spawn(async move { priority.page().await.busy() })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!page.is_finished(), "the crowd is still there");
+        drop((few, crowd));
+        assert!(!page.await.expect("task"), "its turn came with the quiet");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn off_it_never_holds_background_work_back() {
         let priority = Priority::default();
         let busy = priority.foreground();
@@ -411,6 +453,7 @@ mod tests {
         let crowd = foreground_units(&priority, Priority::CROWD);
         assert!(!priority.crowded());
         assert!(!priority.uncrowded(MINUTE).await.busy());
+        assert!(!priority.page().await.busy());
         assert_eq!(started.elapsed(), Duration::ZERO);
         drop((busy, crowd));
     }
