@@ -77,7 +77,7 @@ impl AnyStore {
     }
 
     /// The same ledger for background work on a runtime of its own (the read models' runner on
-    /// its thread, ADR 0023): on PostgreSQL its reads go through connections of their own (see
+    /// its thread, ADRs 0023, 0024): on PostgreSQL its reads go through connections of their own (see
     /// [`PgStore::for_background`]); SQLite's connections run on threads of their own and are
     /// woken by no runtime, so on SQLite it is a clone.
     pub fn for_background(&self) -> AnyStore {

@@ -222,10 +222,9 @@ impl Priority {
         Turn::after_waiting(&self.shared, busy).await
     }
 
-    /// Waits for the turn of a read model's page on PostgreSQL (ADR 0025):
-    /// [`Priority::background`] for at most
-    /// [`Priority::WAIT`], or [`Priority::CROWDED_PAGE_WAIT`] while the foreground is
-    /// [`Priority::crowded`].
+    /// Waits for the turn of a read model's page on PostgreSQL (ADR 0025): as
+    /// [`Priority::background`] for at most [`Priority::WAIT`], or for at most
+    /// [`Priority::CROWDED_PAGE_WAIT`] while the foreground is [`Priority::crowded`].
     pub async fn page(&self) -> Turn {
         let longest = if self.crowded() {
             Self::CROWDED_PAGE_WAIT
