@@ -123,8 +123,13 @@ impl Reads {
         Reads {
             readers: read_pool(options.max, options.acquire_timeout)
                 .connect_lazy_with(options.readers.clone()),
-            queue: read_pool(2, options.acquire_timeout).connect_lazy_with(options.queue.clone()),
+            queue: Reads::queue(options),
         }
+    }
+
+    /// The worker's queue reads: two connections, opened when first asked.
+    fn queue(options: &ReadOptions) -> PgPool {
+        read_pool(2, options.acquire_timeout).connect_lazy_with(options.queue.clone())
     }
 
     async fn close(&self) {
@@ -193,9 +198,10 @@ impl PgStore {
         // statements: custom plans made before the table's first ANALYZE (its first minute, and
         // every benchmark) scanned and sorted all of its rows at every look, finished ones
         // included.
-        let queue = read_pool(2, read_options.acquire_timeout)
-            .connect_lazy_with(read_options.queue.clone());
-        let reads = Reads { readers, queue };
+        let reads = Reads {
+            readers,
+            queue: Reads::queue(&read_options),
+        };
         // Asynchronous read models write on their own connections (transactions, and a session
         // advisory lock per projection runner), never on the readers'.
         let projections = PgPoolOptions::new()

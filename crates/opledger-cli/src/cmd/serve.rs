@@ -26,10 +26,9 @@ pub(crate) struct Serve {
     #[arg(long)]
     no_projections: bool,
     /// Do not make this process's read models wait while updates are being recorded, nor its
-    /// worker while a crowd of them is (by default they do, at most 50 ms a step, and on SQLite
-    /// the read models run on a thread below the service's priority, so that acknowledgements
-    /// stay fast under load; without it more operations per second finish, acknowledged
-    /// later).
+    /// worker while a crowd of them is (by default they do, at most 50 ms a step, and the read
+    /// models run on a thread below the service's priority, so that acknowledgements stay
+    /// fast under load; without it more operations per second finish, acknowledged later).
     #[arg(long)]
     no_intake_priority: bool,
     #[command(flatten)]
@@ -111,11 +110,11 @@ pub(crate) struct Service {
     app: App,
     worker: Option<Workers>,
     projector: Option<Projector>,
-    /// Whether the read models run on a thread of their own below the service's priority
-    /// (ADRs 0023, 0024): with intake first. Their store handle is `AnyStore::for_background`:
-    /// on PostgreSQL its reads go through connections of its own, so none of intake's reads
-    /// waits on their thread.
-    read_models_below: bool,
+    /// Whether intake goes first ([`opledger_store::Priority`]); then the read models also
+    /// run on a thread below the service's priority (ADRs 0023, 0024). Their store handle is
+    /// `AnyStore::for_background`: on PostgreSQL its reads go through connections of its own,
+    /// so none of intake's reads waits on their thread.
+    foreground_first: bool,
 }
 
 impl Service {
@@ -129,7 +128,6 @@ impl Service {
     ) -> anyhow::Result<Service> {
         let foreground_first = !serve.no_intake_priority;
         store.priority().put_foreground_first(foreground_first);
-        let read_models_below = foreground_first;
         let projector = if serve.no_projections {
             None
         } else {
@@ -156,7 +154,7 @@ impl Service {
             app: App::build(config, store),
             worker,
             projector,
-            read_models_below,
+            foreground_first,
         })
     }
 
@@ -177,7 +175,7 @@ impl Service {
                 let run = projector.run(async move {
                     let _ = stopped.wait_for(|stop| *stop).await;
                 });
-                Some(if self.read_models_below {
+                Some(if self.foreground_first {
                     // Below intake: the kernel preempts a page for an update (ADR 0023).
                     let thread = background::spawn("opledger-read-models", run)
                         .context("cannot start the read models' thread")?;
