@@ -998,13 +998,15 @@ fn parse_openmetrics(text: &str) -> BTreeMap<(String, Vec<(String, String)>), f6
         let (family, kind) = current
             .as_ref()
             .unwrap_or_else(|| panic!("a sample after its TYPE: {line}"));
-        let expected = if kind == "counter" {
-            format!("{family}_total")
-        } else {
-            family.clone()
+        let expected: Vec<String> = match kind.as_str() {
+            "counter" => vec![format!("{family}_total"), format!("{family}_created")],
+            "histogram" => ["bucket", "sum", "count"]
+                .map(|suffix| format!("{family}_{suffix}"))
+                .to_vec(),
+            _ => vec![family.clone()],
         };
         assert!(
-            name == expected || (kind == "counter" && name == format!("{family}_created")),
+            expected.iter().any(|expected| expected == name),
             "{name} belongs to {family} ({kind})"
         );
         assert!(
@@ -1125,7 +1127,53 @@ async fn metrics_are_openmetrics_text_with_the_known_counts(backend: Backend) {
             "{name}"
         );
     }
+    for histogram in [
+        "opledger_append_wait_seconds",
+        "opledger_append_write_seconds",
+    ] {
+        assert_append_histogram(&metrics, histogram);
+    }
+
+    // One more update is one more append call, waited for and written once.
+    let count =
+        |metrics: &Scrape, histogram: &str| metrics.value(&format!("{histogram}_count"), &[]);
+    world.ask(4, 10, "winter").await;
+    let after = scrape(&world).await;
+    for histogram in [
+        "opledger_append_wait_seconds",
+        "opledger_append_write_seconds",
+    ] {
+        assert_append_histogram(&after, histogram);
+        assert_eq!(
+            count(&after, histogram),
+            count(&metrics, histogram) + 1.0,
+            "{histogram}"
+        );
+    }
     world.stop().await;
+}
+
+/// An append histogram as Prometheus reads one: cumulative buckets ending in `+Inf`, which
+/// holds every value counted, with a positive sum of them once any was.
+fn assert_append_histogram(metrics: &Scrape, histogram: &str) {
+    let count = metrics.value(&format!("{histogram}_count"), &[]);
+    assert!(
+        count >= 4.0,
+        "{histogram}: the four updates' appends at least: {count}"
+    );
+    let bucket = |le: &str| metrics.value(&format!("{histogram}_bucket"), &[("le", le)]);
+    assert_eq!(bucket("+Inf"), count, "{histogram}");
+    let mut previous = 0.0;
+    for le in ["0.001", "0.01", "0.1", "1.0", "2.5", "+Inf"] {
+        let cumulative = bucket(le);
+        assert!(cumulative >= previous, "{histogram}: {le} is cumulative");
+        previous = cumulative;
+    }
+    let sum = metrics.value(&format!("{histogram}_sum"), &[]);
+    assert!(sum >= 0.0, "{histogram}: {sum}");
+    if histogram.ends_with("write_seconds") {
+        assert!(sum > 0.0, "a write takes time: {sum}");
+    }
 }
 
 async fn readyz_is_200_normally_and_503_when_storage_is_closed(backend: Backend) {

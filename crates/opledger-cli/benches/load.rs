@@ -185,6 +185,68 @@ fn worker_backlog(service: &serving::Service) -> u64 {
         .count() as u64
 }
 
+/// The cumulative bucket counts of the service's two append histograms (`/metrics`:
+/// `opledger_append_wait_seconds`, `opledger_append_write_seconds`), by upper bound in
+/// seconds, ascending (the last is `+Inf`).
+#[derive(Clone, Debug, Default)]
+struct AppendBuckets {
+    wait: Vec<(f64, u64)>,
+    write: Vec<(f64, u64)>,
+}
+
+/// The service's append histograms now.
+async fn append_buckets(service: &serving::Service) -> AppendBuckets {
+    let text = reqwest::get(format!("{}/metrics", service.base))
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the metrics' text");
+    let buckets = |histogram: &str| -> Vec<(f64, u64)> {
+        let head = format!("{histogram}_bucket{{le=\"");
+        text.lines()
+            .filter_map(|line| line.strip_prefix(&head))
+            .filter_map(|rest| {
+                let (le, count) = rest.split_once("\"} ")?;
+                let bound = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((bound, count.trim().parse().ok()?))
+            })
+            .collect()
+    };
+    AppendBuckets {
+        wait: buckets("opledger_append_wait_seconds"),
+        write: buckets("opledger_append_write_seconds"),
+    }
+}
+
+/// The upper bound (seconds) of the bucket holding the 99th percentile of the values counted
+/// between two scrapes of one histogram; `None` if none was.
+fn p99_bound(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<f64> {
+    let counted = |bound: f64, buckets: &[(f64, u64)]| {
+        buckets
+            .iter()
+            .find(|(b, _)| *b == bound)
+            .map_or(0, |(_, count)| *count)
+    };
+    let deltas: Vec<(f64, u64)> = after
+        .iter()
+        .map(|(bound, count)| (*bound, count.saturating_sub(counted(*bound, before))))
+        .collect();
+    let total = deltas.last()?.1;
+    let rank = (total as f64 * 0.99).ceil().max(1.0) as u64;
+    (total > 0).then(|| {
+        deltas
+            .iter()
+            .find(|(_, cumulative)| *cumulative >= rank)
+            .map_or(f64::INFINITY, |(bound, _)| *bound)
+    })
+}
+
 #[derive(Clone)]
 struct Measured {
     label: String,
@@ -441,6 +503,9 @@ struct Run {
     /// With the worker: the operations it had not taken up yet when the paced phase started,
     /// and when it ended.
     backlog: Option<(u64, u64)>,
+    /// In the paced phase, the bounds of the buckets holding the 99th percentile of each
+    /// append's wait for its batch and of its batch's write (seconds): where the time went.
+    appends: (Option<f64>, Option<f64>),
 }
 
 async fn run_variant(
@@ -461,7 +526,13 @@ async fn run_variant(
     let before = worker.then(|| worker_backlog(&service));
     let quarter = full.acks_per_second / 4.0;
     eprintln!("{name}, {variant}: paced at {quarter:.0}/s...");
+    let appended = append_buckets(&service).await;
     let paced = paced(&url, quarter, seconds.clamp(3, 10), next).await;
+    let since = append_buckets(&service).await;
+    let appends = (
+        p99_bound(&appended.wait, &since.wait),
+        p99_bound(&appended.write, &since.write),
+    );
     let backlog = before.map(|before| (before, worker_backlog(&service)));
     let lag = read_model_lag(&service);
     let caught_up = lag.map(|_| catch_up(&service, Duration::from_secs(30)));
@@ -473,6 +544,7 @@ async fn run_variant(
         lag,
         caught_up,
         backlog,
+        appends,
     }
 }
 
@@ -503,7 +575,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// The variants side by side: closed-loop acks/s (and its ratio to intake alone), p99 closed
 /// loop, p99 at a quarter of the closed-loop rate, the worker's backlog (operations not taken up
 /// yet) when that paced phase started and ended, the read models' lag at the end and how long
-/// after it they were within a page of the head.
+/// after it they were within a page of the head, and where an append's time went in the paced
+/// phase (the service's histograms: the p99 of its wait for its batch, of its batch's write, as
+/// the bounds of the buckets that hold them).
 /// `runs[v][r]` is variant `v` in round `r`; with several rounds every figure is the median over
 /// them, the ratio is the median of each round's ratio to that round's intake alone (shown with
 /// its lowest and highest), the lag and the catch-up are shown with their largest, and the
@@ -530,9 +604,9 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     };
     println!("\n`serve` on {backend}, side by side ({heading}):\n");
     println!(
-        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end | read models within a page after | cores busy (closed loop) | CPU µs per ack, all but the load generator (of it the service) |"
+        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end | read models within a page after | cores busy (closed loop) | CPU µs per ack, all but the load generator (of it the service) | append p99 at a quarter, wait / write ms (≤ bucket) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for variant in runs {
         let Some(last) = variant.last() else { continue };
         let ratio = ratios(variant);
@@ -590,8 +664,19 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
                 ),
             )
         };
+        let bound = |pick: &dyn Fn(&Run) -> Option<f64>| {
+            let bounds: Vec<f64> = variant.iter().filter_map(pick).collect();
+            match bounds.is_empty() {
+                true => "-".to_owned(),
+                false => match median(bounds) {
+                    b if b.is_infinite() => "> 2500".to_owned(),
+                    b => format!("{}", b * 1e3),
+                },
+            }
+        };
+        let appends = format!("{} / {}", bound(&|r| r.appends.0), bound(&|r| r.appends.1));
         println!(
-            "| {} | {:.0} | {:.2}x{spread} | {} | {} | {} | {} | {} | {caught_up} | {busy} | {per_ack} |",
+            "| {} | {:.0} | {:.2}x{spread} | {} | {} | {} | {} | {} | {caught_up} | {busy} | {per_ack} | {appends} |",
             last.variant,
             of(variant, &|r| r.full.acks_per_second),
             median(ratio),

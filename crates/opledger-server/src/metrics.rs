@@ -32,6 +32,8 @@
 //! | `opledger_api_rejected_tokens_total` | counter | this process |
 //! | `opledger_http_connections` | gauge | this process |
 //! | `opledger_http_refusals_total{reason}` | counter | this process |
+//! | `opledger_append_wait_seconds` | histogram | this process: each append's wait for its batch |
+//! | `opledger_append_write_seconds` | histogram | this process: its batch's write, to the commit |
 //! | `opledger_storage_readable` | gauge | 1 if every read above succeeded, else 0 |
 //!
 //! When storage cannot be read the scrape still succeeds, with the process counters and
@@ -48,7 +50,10 @@ use opledger_projections::forward_queue::{self, QueueStats};
 use opledger_projections::metrics::{self as read_model, MetricsSnapshot};
 use opledger_projections::registry::{self, ProjectionStatus};
 use opledger_store::EventStore;
+use opledger_store::timings::{BUCKETS, Latencies};
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -135,6 +140,27 @@ fn counter(value: u64) -> Counter {
     counter
 }
 
+/// A histogram of append timings, as the store counted them (`opledger_store::timings`).
+#[derive(Debug)]
+struct AppendHistogram(Latencies);
+
+impl EncodeMetric for AppendHistogram {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let bounds = BUCKETS.iter().copied().chain([f64::INFINITY]);
+        let buckets: Vec<(f64, u64)> = bounds.zip(self.0.counts.iter().copied()).collect();
+        encoder.encode_histogram::<NoLabelSet>(
+            self.0.sum.as_secs_f64(),
+            self.0.count(),
+            &buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
 /// A non-negative count as a gauge value.
 fn signed(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
@@ -197,6 +223,21 @@ fn registry(state: &AppState, stored: Option<&Stored>) -> Registry {
          unvouched (a reserved slot not used for an authenticated request or health probe), \
          at_limit (every slot busy), accept_failed",
         refused,
+    );
+    let timings = state.intake.store().append_timings();
+    registry.register_with_unit(
+        "append_wait",
+        "How long each append of this process waited for its group-commit batch to begin \
+         (the batch ahead of it, a queue)",
+        Unit::Seconds,
+        AppendHistogram(timings.wait()),
+    );
+    registry.register_with_unit(
+        "append_write",
+        "How long the batch of each append of this process took to write and commit (the \
+         database's work and its sync to disk)",
+        Unit::Seconds,
+        AppendHistogram(timings.write()),
     );
     registry.register(
         "storage_readable",

@@ -100,6 +100,12 @@ impl AnyStore {
         either!(self, store => store.priority())
     }
 
+    /// Where this store's appends spent their time in this process (see
+    /// [`AppendTimings`](crate::AppendTimings)).
+    pub fn append_timings(&self) -> &crate::AppendTimings {
+        either!(self, store => store.append_timings())
+    }
+
     /// Writable connections for read models kept outside the append transactions (see
     /// [`SqliteStore::projection_pool`], [`PgStore::projection_pool`]).
     pub fn projection_pool(&self) -> ReadPool<'_> {

@@ -12,6 +12,7 @@
 //! thread got round to it; on its own thread the answer wakes the appender at once.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -22,6 +23,7 @@ use crate::error::StoreError;
 use crate::model::{AppendRequest, Appended, Position};
 use crate::priority::Priority;
 use crate::store::HeadWatch;
+use crate::timings::AppendTimings;
 
 /// Limits of one group-commit batch.
 #[derive(Clone, Debug)]
@@ -79,6 +81,8 @@ enum Message {
     Append {
         requests: Vec<AppendRequest>,
         reply: oneshot::Sender<Result<Appended, StoreError>>,
+        /// When the call was queued ([`AppendTimings`]).
+        queued: std::time::Instant,
     },
     Close {
         done: oneshot::Sender<()>,
@@ -92,6 +96,7 @@ pub(crate) struct Appender {
     head: watch::Receiver<Position>,
     max_events: usize,
     priority: Priority,
+    timings: Arc<AppendTimings>,
 }
 
 impl std::fmt::Debug for Message {
@@ -156,12 +161,15 @@ impl Appender {
         let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
         let max_events = options.max_batch_events;
         let head_receiver = head.subscribe();
-        let run = run(writer, receiver, head, options).instrument(tracing::info_span!("appender"));
+        let timings = Arc::new(AppendTimings::default());
+        let run = run(writer, receiver, head, options, Arc::clone(&timings))
+            .instrument(tracing::info_span!("appender"));
         let appender = Self {
             queue,
             head: head_receiver,
             max_events,
             priority: Priority::default(),
+            timings,
         };
         (appender, run)
     }
@@ -173,7 +181,11 @@ impl Appender {
         batch::validate(&requests, self.max_events)?;
         let (reply, answer) = oneshot::channel();
         self.queue
-            .send(Message::Append { requests, reply })
+            .send(Message::Append {
+                requests,
+                reply,
+                queued: std::time::Instant::now(),
+            })
             .await
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
@@ -186,6 +198,11 @@ impl Appender {
     /// The priority of this process's foreground work over its background work on the store.
     pub(crate) fn priority(&self) -> &Priority {
         &self.priority
+    }
+
+    /// Where this store's appends spent their time in this process.
+    pub(crate) fn timings(&self) -> &AppendTimings {
+        &self.timings
     }
 
     /// Commits every call queued before this one, then stops the task and releases its
@@ -209,18 +226,27 @@ pub(crate) fn advance(head: &watch::Sender<Position>, position: Position) {
     });
 }
 
+/// The batch being formed: its calls, and for each call its caller's reply and when it was
+/// queued.
+#[derive(Default)]
+struct Batch {
+    calls: Vec<Vec<AppendRequest>>,
+    replies: Vec<oneshot::Sender<Result<Appended, StoreError>>>,
+    queued: Vec<std::time::Instant>,
+}
+
 /// Adds one queued message to the batch being formed; returns how many events it added.
-fn take(
-    message: Message,
-    calls: &mut Vec<Vec<AppendRequest>>,
-    replies: &mut Vec<oneshot::Sender<Result<Appended, StoreError>>>,
-    closing: &mut Option<oneshot::Sender<()>>,
-) -> usize {
+fn take(message: Message, batch: &mut Batch, closing: &mut Option<oneshot::Sender<()>>) -> usize {
     match message {
-        Message::Append { requests, reply } => {
+        Message::Append {
+            requests,
+            reply,
+            queued,
+        } => {
             let events = requests.iter().map(|r| r.events.len()).sum();
-            calls.push(requests);
-            replies.push(reply);
+            batch.calls.push(requests);
+            batch.replies.push(reply);
+            batch.queued.push(queued);
             events
         }
         Message::Close { done } => {
@@ -235,18 +261,18 @@ async fn run<W: BatchWriter>(
     mut queue: mpsc::Receiver<Message>,
     head: watch::Sender<Position>,
     options: GroupCommitOptions,
+    timings: Arc<AppendTimings>,
 ) {
-    let mut calls: Vec<Vec<AppendRequest>> = Vec::new();
-    let mut replies: Vec<oneshot::Sender<Result<Appended, StoreError>>> = Vec::new();
+    let mut batch = Batch::default();
     let mut closing = None;
     while closing.is_none() {
         let Some(first) = queue.recv().await else {
             break;
         };
-        let mut events = take(first, &mut calls, &mut replies, &mut closing);
+        let mut events = take(first, &mut batch, &mut closing);
         let deadline = tokio::time::Instant::now() + options.max_wait;
         while closing.is_none()
-            && calls.len() < options.max_batch_calls
+            && batch.calls.len() < options.max_batch_calls
             && events < options.max_batch_events
         {
             let next = match queue.try_recv() {
@@ -258,14 +284,17 @@ async fn run<W: BatchWriter>(
                     .flatten(),
             };
             match next {
-                Some(message) => events += take(message, &mut calls, &mut replies, &mut closing),
+                Some(message) => events += take(message, &mut batch, &mut closing),
                 None => break,
             }
         }
-        if calls.is_empty() {
+        if batch.calls.is_empty() {
             continue;
         }
-        match writer.write(&calls).await {
+        let began = std::time::Instant::now();
+        let written = writer.write(&batch.calls).await;
+        timings.record_batch(batch.queued.drain(..), began, std::time::Instant::now());
+        match written {
             Ok(BatchOutcome {
                 results,
                 head: new_head,
@@ -273,20 +302,20 @@ async fn run<W: BatchWriter>(
                 if let Some(new_head) = new_head {
                     advance(&head, new_head);
                 }
-                for (reply, result) in replies.drain(..).zip(results) {
+                for (reply, result) in batch.replies.drain(..).zip(results) {
                     // A caller that went away (its task was aborted) no longer needs the answer;
                     // its append committed or not as a whole either way.
                     let _ = reply.send(result);
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, calls = calls.len(), "append batch failed");
-                for reply in replies.drain(..) {
+                tracing::warn!(%error, calls = batch.calls.len(), "append batch failed");
+                for reply in batch.replies.drain(..) {
                     let _ = reply.send(Err(error.clone()));
                 }
             }
         }
-        calls.clear();
+        batch.calls.clear();
         writer.between_batches().await;
     }
     queue.close();

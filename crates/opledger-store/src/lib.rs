@@ -34,6 +34,7 @@ mod reader;
 pub mod sqlite;
 mod store;
 mod tail;
+pub mod timings;
 pub mod verify;
 
 pub use any::{AnyOptions, AnyStore};
@@ -53,3 +54,4 @@ pub use reader::LedgerReader;
 pub use sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use store::{EventStore, HeadWatch};
 pub use tail::Tail;
+pub use timings::{AppendTimings, Latencies};

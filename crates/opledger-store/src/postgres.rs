@@ -295,6 +295,12 @@ impl PgStore {
         self.inner.appender.priority()
     }
 
+    /// Where this store's appends spent their time in this process: waiting for their batch,
+    /// and its write; shared by its clones.
+    pub fn append_timings(&self) -> &crate::AppendTimings {
+        self.inner.appender.timings()
+    }
+
     /// Connections for read models kept outside the append transactions (asynchronous
     /// projections, rebuilds, their advisory locks). Never for the ledger's own tables.
     pub fn projection_pool(&self) -> &PgPool {

@@ -242,6 +242,12 @@ impl SqliteStore {
         self.inner.appender.priority()
     }
 
+    /// Where this store's appends spent their time in this process: waiting for their batch,
+    /// and its write; shared by its clones.
+    pub fn append_timings(&self) -> &crate::AppendTimings {
+        self.inner.appender.timings()
+    }
+
     /// A small pool of writable connections on the ledger's file for the read models kept
     /// inside the append transactions (their registration and rebuilds). Never for the
     /// ledger's own tables.
