@@ -227,8 +227,9 @@ fn registry(state: &AppState, stored: Option<&Stored>) -> Registry {
     let timings = state.intake.store().append_timings();
     registry.register_with_unit(
         "append_wait",
-        "How long each append of this process waited for its group-commit batch to begin \
-         (the batch ahead of it, a queue)",
+        "How long each append of this process (intake's, the worker's) waited for its \
+         group-commit batch to begin: the batch ahead of it, the writer's upkeep between \
+         batches (an SQLite checkpoint), a queue",
         Unit::Seconds,
         AppendHistogram(timings.wait()),
     );

@@ -2,8 +2,9 @@
 //! commit's queue before its batch began, and how long that batch took to write and commit.
 //!
 //! A slow acknowledgement is one of the two, and they have different causes: a long wait means
-//! the batch ahead was slow or the queue was long (a crowd, or background work's appends
-//! sharing the writer); a long write means the database was slow to run the batch or to make
+//! the batch ahead was slow, the writer's upkeep between batches took long (SQLite finishing a
+//! checkpoint), or the queue was long (a crowd, or background work's appends sharing the
+//! writer); a long write means the database was slow to run the batch or to make
 //! it durable (its CPU shared with other work, a disk stalling its sync). Operators read both
 //! from `/metrics`, the load benchmark reports their tail at a quarter of the closed-loop rate.
 //!
