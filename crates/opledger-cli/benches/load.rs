@@ -19,7 +19,9 @@
 //! `OPLEDGER_BENCH_BIN` (another `opledger` binary, e.g. one built from `main`, to compare),
 //! `OPLEDGER_LOAD_ROUNDS` (default 1: the variants are run that many times, interleaved, and
 //! compared by their medians, since one closed-loop run of intake alone can be 30 % off the next
-//! on a shared machine).
+//! on a shared machine), `OPLEDGER_LOAD_RATE` (N: no closed loop; each variant is paced at N
+//! updates/s from a fresh ledger for `OPLEDGER_LOAD_SECONDS`, the latency at a rate the whole
+//! service keeps up with).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -250,12 +252,13 @@ fn p99_bound(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<f64> {
 #[derive(Clone)]
 struct Measured {
     label: String,
+    acks: u64,
     acks_per_second: f64,
     p50: Duration,
     p99: Duration,
     max: Duration,
     errors: u64,
-    /// Where the machine's CPU went meanwhile (closed loop only; Linux only).
+    /// Where the machine's CPU went meanwhile (Linux only).
     cpu: Option<Cpu>,
 }
 
@@ -344,6 +347,7 @@ fn summarize(
     let at = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     Measured {
         label,
+        acks: latencies.len() as u64,
         acks_per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
         p50: at(0.50),
         p99: at(0.99),
@@ -421,11 +425,19 @@ async fn closed_loop(
     }
 }
 
-/// Updates sent at a fixed `rate`, whatever the answers do (open loop), for `seconds`.
-async fn paced(url: &str, rate: f64, seconds: u64, next: Arc<AtomicU64>) -> Measured {
+/// Updates sent at a fixed `rate`, whatever the answers do (open loop), for `seconds`; `why`
+/// says where the rate came from.
+async fn paced(
+    url: &str,
+    service: u32,
+    (rate, why): (f64, &str),
+    seconds: u64,
+    next: Arc<AtomicU64>,
+) -> Measured {
     let client = reqwest::Client::builder().build().expect("client");
     let interval = Duration::from_secs_f64(1.0 / rate);
     let started = Instant::now();
+    let ticks = Ticks::now(service);
     let total = (rate * seconds as f64) as u64;
     let mut tasks = Vec::with_capacity(total as usize);
     for i in 0..total {
@@ -446,12 +458,17 @@ async fn paced(url: &str, rate: f64, seconds: u64, next: Arc<AtomicU64>) -> Meas
             Err(()) => errors += 1,
         }
     }
-    summarize(
-        format!("paced at {rate:.0}/s (a quarter of the closed-loop rate)"),
-        latencies,
-        started.elapsed(),
-        errors,
-    )
+    let acks = latencies.len() as f64;
+    let cpu = ticks.and_then(|ticks| ticks.until(Ticks::now(service), acks));
+    Measured {
+        cpu,
+        ..summarize(
+            format!("paced at {rate:.0}/s ({why})"),
+            latencies,
+            started.elapsed(),
+            errors,
+        )
+    }
 }
 
 /// The foundation benchmark's baseline: one-row INSERT transactions, `synchronous=FULL`.
@@ -491,21 +508,31 @@ async fn raw_sqlite_rate(dir: &std::path::Path, seconds: u64) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
-/// One variant's two phases, the read models' lag at the end and how long they took to catch up
-/// after it.
+/// One variant's two phases (or, at a steady rate, its one), the read models' lag at the end and
+/// how long they took to catch up after it.
 struct Run {
     variant: &'static str,
-    full: Measured,
+    /// The closed loop; `None` at a steady rate (`OPLEDGER_LOAD_RATE`).
+    full: Option<Measured>,
     paced: Measured,
     lag: Option<u64>,
     /// With the read models: [`catch_up`].
     caught_up: Option<Result<Duration, Duration>>,
-    /// With the worker: the operations it had not taken up yet when the paced phase started,
-    /// and when it ended.
-    backlog: Option<(u64, u64)>,
+    /// With the worker: its backlog over the paced phase.
+    backlog: Option<Backlog>,
     /// In the paced phase, the bounds of the buckets holding the 99th percentile of each
     /// append's wait for its batch and of its batch's write (seconds): where the time went.
     appends: (Option<f64>, Option<f64>),
+}
+
+/// The worker over the paced phase: the operations it had not taken up yet (still `received`)
+/// when the phase started and when it ended, and how many it took up per second meanwhile (the
+/// backlog it started with and those that arrived, less those left).
+#[derive(Clone, Copy)]
+struct Backlog {
+    start: u64,
+    end: u64,
+    taken_up_per_second: f64,
 }
 
 async fn run_variant(
@@ -518,22 +545,44 @@ async fn run_variant(
 ) -> Run {
     let seconds = env_number("OPLEDGER_LOAD_SECONDS", 20);
     let senders = env_number("OPLEDGER_LOAD_SENDERS", 64);
+    let steady = env_number("OPLEDGER_LOAD_RATE", 0);
     let (service, url) = start(dir, storage_url, api, args);
     let next = Arc::new(AtomicU64::new(0));
-    eprintln!("{name}, {variant}: {senders} senders for {seconds} s...");
-    let full = closed_loop(&url, service.pid(), senders, seconds, next.clone()).await;
+    let full = if steady == 0 {
+        eprintln!("{name}, {variant}: {senders} senders for {seconds} s...");
+        Some(closed_loop(&url, service.pid(), senders, seconds, next.clone()).await)
+    } else {
+        None
+    };
     let worker = !args.contains(&"--no-worker");
-    let before = worker.then(|| worker_backlog(&service));
-    let quarter = full.acks_per_second / 4.0;
-    eprintln!("{name}, {variant}: paced at {quarter:.0}/s...");
+    // Timed from before each count: it reads the operations as they were when it began.
+    let before = worker.then(|| (Instant::now(), worker_backlog(&service)));
+    let (rate, why, seconds) = match &full {
+        Some(full) => (
+            full.acks_per_second / 4.0,
+            "a quarter of the closed-loop rate",
+            seconds.clamp(3, 10),
+        ),
+        None => (steady as f64, "steady, from a fresh ledger", seconds),
+    };
+    eprintln!("{name}, {variant}: paced at {rate:.0}/s...");
     let appended = append_buckets(&service).await;
-    let paced = paced(&url, quarter, seconds.clamp(3, 10), next).await;
+    let paced = paced(&url, service.pid(), (rate, why), seconds, next).await;
     let since = append_buckets(&service).await;
     let appends = (
         p99_bound(&appended.wait, &since.wait),
         p99_bound(&appended.write, &since.write),
     );
-    let backlog = before.map(|before| (before, worker_backlog(&service)));
+    let backlog = before.map(|(began, start)| {
+        let elapsed = began.elapsed();
+        let end = worker_backlog(&service);
+        Backlog {
+            start,
+            end,
+            taken_up_per_second: (start + paced.acks).saturating_sub(end) as f64
+                / elapsed.as_secs_f64(),
+        }
+    });
     let lag = read_model_lag(&service);
     let caught_up = lag.map(|_| catch_up(&service, Duration::from_secs(30)));
     service.stop();
@@ -585,16 +634,24 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     let ms = |seconds: f64| format!("{:.2}", seconds * 1e3);
     let rounds = runs.first().map_or(0, Vec::len);
-    let intake: Vec<f64> = runs
+    let closed = |run: &Run| run.full.as_ref().map(|full| full.acks_per_second);
+    let intake: Vec<Option<f64>> = runs
         .first()
-        .map(|r| r.iter().map(|run| run.full.acks_per_second).collect())
+        .map(|r| r.iter().map(closed).collect())
         .unwrap_or_default();
     let ratios = |variant: &[Run]| -> Vec<f64> {
         variant
             .iter()
             .zip(&intake)
-            .map(|(run, intake)| run.full.acks_per_second / intake)
+            .filter_map(|(run, intake)| Some(closed(run)? / (*intake)?))
             .collect()
+    };
+    // At a steady rate (`OPLEDGER_LOAD_RATE`) there is no closed loop to show or compare.
+    let steady = runs.iter().flatten().all(|run| run.full.is_none());
+    let paced_p99 = if steady {
+        "p99 paced ms".to_owned()
+    } else {
+        "p99 at a quarter ms".to_owned()
     };
     let of = |variant: &[Run], f: &dyn Fn(&Run) -> f64| median(variant.iter().map(f).collect());
     let heading = if rounds > 1 {
@@ -604,13 +661,13 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     };
     println!("\n`serve` on {backend}, side by side ({heading}):\n");
     println!(
-        "| variant | acks/s | vs intake only | p99 closed loop ms | p99 at a quarter ms | worker backlog at the quarter's start → end | errors | read-model lag at the end | read models within a page after | cores busy (closed loop) | CPU µs per ack, all but the load generator (of it the service) | append p99 at a quarter, wait / write ms (≤ bucket) |"
+        "| variant | acks/s | vs intake only | p99 closed loop ms | {paced_p99} | worker backlog paced, start → end (taken up per s) | errors | read-model lag at the end | read models within a page after | cores busy (closed loop / paced) | CPU µs per ack, all but the load generator (of it the service), closed loop (steady: paced) | append p99 paced, wait / write ms (≤ bucket) |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for variant in runs {
         let Some(last) = variant.last() else { continue };
         let ratio = ratios(variant);
-        let spread = if rounds > 1 {
+        let spread = if rounds > 1 && !ratio.is_empty() {
             let low = ratio.iter().copied().fold(f64::INFINITY, f64::min);
             let high = ratio.iter().copied().fold(0.0, f64::max);
             format!(" ({low:.2}–{high:.2})")
@@ -644,24 +701,33 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
                 format!("{middle} (max {last})")
             }
         };
-        let cpu: Vec<Cpu> = variant.iter().filter_map(|r| r.full.cpu).collect();
-        let (busy, per_ack) = if cpu.is_empty() {
-            ("-".to_owned(), "-".to_owned())
+        let busy_in = |phase: &dyn Fn(&Run) -> Option<Cpu>| {
+            let busy: Vec<f64> = variant.iter().filter_map(phase).map(|c| c.busy).collect();
+            match busy.is_empty() {
+                true => "-".to_owned(),
+                false => format!("{:.0}%", 100.0 * median(busy)),
+            }
+        };
+        let busy = format!(
+            "{} / {}",
+            busy_in(&|r| r.full.as_ref().and_then(|f| f.cpu)),
+            busy_in(&|r| r.paced.cpu)
+        );
+        let cpu: Vec<Cpu> = variant
+            .iter()
+            .filter_map(|r| r.full.as_ref().map_or(r.paced.cpu, |f| f.cpu))
+            .collect();
+        let per_ack = if cpu.is_empty() {
+            "-".to_owned()
         } else {
-            (
-                format!(
-                    "{:.0}%",
-                    100.0 * median(cpu.iter().map(|c| c.busy).collect())
-                ),
-                format!(
-                    "{:.0} ({:.0})",
-                    median(cpu.iter().map(|c| c.per_ack.as_secs_f64() * 1e6).collect()),
-                    median(
-                        cpu.iter()
-                            .map(|c| c.service_per_ack.as_secs_f64() * 1e6)
-                            .collect()
-                    )
-                ),
+            format!(
+                "{:.0} ({:.0})",
+                median(cpu.iter().map(|c| c.per_ack.as_secs_f64() * 1e6).collect()),
+                median(
+                    cpu.iter()
+                        .map(|c| c.service_per_ack.as_secs_f64() * 1e6)
+                        .collect()
+                )
             )
         };
         let bound = |pick: &dyn Fn(&Run) -> Option<f64>| {
@@ -670,23 +736,37 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
                 true => "-".to_owned(),
                 false => match median(bounds) {
                     b if b.is_infinite() => "> 2500".to_owned(),
-                    b => format!("{}", b * 1e3),
+                    // Bucket bounds in ms (0.25, 2.5, 7.5, ...) or their mean: no float noise.
+                    b => format!("{:.3}", b * 1e3)
+                        .trim_end_matches('0')
+                        .trim_end_matches('.')
+                        .to_owned(),
                 },
             }
         };
         let appends = format!("{} / {}", bound(&|r| r.appends.0), bound(&|r| r.appends.1));
+        let (acks, vs_intake, p99_closed) = if steady {
+            ("-".to_owned(), "-".to_owned(), "-".to_owned())
+        } else {
+            (
+                format!("{:.0}", of(variant, &|r| closed(r).unwrap_or(0.0))),
+                format!("{:.2}x{spread}", median(ratio)),
+                ms(of(variant, &|r| {
+                    r.full.as_ref().map_or(0.0, |f| f.p99.as_secs_f64())
+                })),
+            )
+        };
         println!(
-            "| {} | {:.0} | {:.2}x{spread} | {} | {} | {} | {} | {} | {caught_up} | {busy} | {per_ack} | {appends} |",
+            "| {} | {acks} | {vs_intake} | {p99_closed} | {} | {} | {} | {} | {caught_up} | {busy} | {per_ack} | {appends} |",
             last.variant,
-            of(variant, &|r| r.full.acks_per_second),
-            median(ratio),
-            ms(of(variant, &|r| r.full.p99.as_secs_f64())),
             ms(of(variant, &|r| r.paced.p99.as_secs_f64())),
-            last.backlog
-                .map_or_else(|| "-".to_owned(), |(start, end)| format!("{start} → {end}")),
+            last.backlog.map_or_else(
+                || "-".to_owned(),
+                |b| format!("{} → {} ({:.0})", b.start, b.end, b.taken_up_per_second)
+            ),
             variant
                 .iter()
-                .map(|r| r.full.errors + r.paced.errors)
+                .map(|r| r.full.as_ref().map_or(0, |f| f.errors) + r.paced.errors)
                 .sum::<u64>(),
             match lags.iter().copied().reduce(f64::max) {
                 None => "-".to_owned(),
@@ -700,7 +780,9 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
         variant.and_then(|v| v.first()).map(|r| r.variant) == Some(name)
     };
     if let Some(everything) = runs.last().filter(|_| {
-        is(runs.first(), VARIANTS[0].0) && is(runs.last(), VARIANTS[VARIANTS.len() - 1].0)
+        !steady
+            && is(runs.first(), VARIANTS[0].0)
+            && is(runs.last(), VARIANTS[VARIANTS.len() - 1].0)
     }) {
         let ratio = median(ratios(everything));
         let p99 = of(everything, &|r| r.paced.p99.as_secs_f64());
@@ -719,7 +801,7 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
         let per_ack = |variant: &[Run]| {
             let cpu: Vec<f64> = variant
                 .iter()
-                .filter_map(|r| r.full.cpu.map(|c| c.per_ack.as_secs_f64()))
+                .filter_map(|r| r.full.as_ref()?.cpu.map(|c| c.per_ack.as_secs_f64()))
                 .collect();
             (!cpu.is_empty()).then(|| median(cpu))
         };
@@ -727,7 +809,7 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             median(
                 variant
                     .iter()
-                    .filter_map(|r| r.full.cpu.map(|c| c.busy))
+                    .filter_map(|r| r.full.as_ref()?.cpu.map(|c| c.busy))
                     .collect(),
             )
         };
@@ -844,7 +926,9 @@ async fn main() {
                     },
                     ..m.clone()
                 };
-                row(backend, &label(&run.full), Some(raw));
+                if let Some(full) = &run.full {
+                    row(backend, &label(full), Some(raw));
+                }
                 row(backend, &label(&run.paced), None);
             }
         }
