@@ -157,9 +157,24 @@ impl Serving {
     /// Waits for a stdout line containing `needle`; `Err` with the exit status if the process
     /// ended first.
     pub(crate) async fn line(&mut self, needle: &str) -> Result<String, ExitStatus> {
+        self.wait_for(needle, Self::stdout, "stdout").await
+    }
+
+    /// Waits for a stderr line containing `needle` (a log line); `Err` with the exit status if
+    /// the process ended first.
+    pub(crate) async fn logged(&mut self, needle: &str) -> Result<String, ExitStatus> {
+        self.wait_for(needle, Self::stderr, "stderr").await
+    }
+
+    async fn wait_for(
+        &mut self,
+        needle: &str,
+        output: fn(&Self) -> String,
+        name: &str,
+    ) -> Result<String, ExitStatus> {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            if let Some(line) = self.stdout().lines().find(|l| l.contains(needle)) {
+            if let Some(line) = output(self).lines().find(|l| l.contains(needle)) {
                 return Ok(line.to_owned());
             }
             if let Some(status) = self.child.try_wait().expect("the child's status") {
@@ -167,14 +182,14 @@ impl Serving {
                 for reader in std::mem::take(&mut self.readers) {
                     reader.join().expect("a reader thread");
                 }
-                if let Some(line) = self.stdout().lines().find(|l| l.contains(needle)) {
+                if let Some(line) = output(self).lines().find(|l| l.contains(needle)) {
                     return Ok(line.to_owned());
                 }
                 return Err(status);
             }
             assert!(
                 Instant::now() < deadline,
-                "timed out waiting for `{needle}` on stdout; stdout: {}\nstderr: {}",
+                "timed out waiting for `{needle}` on {name}; stdout: {}\nstderr: {}",
                 self.stdout(),
                 self.stderr()
             );
