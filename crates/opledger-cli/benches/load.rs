@@ -337,12 +337,15 @@ impl Ticks {
     }
 }
 
+/// A phase's figures; `ticks`, read when it began, and `service` give its CPU.
 fn summarize(
     label: String,
     mut latencies: Vec<Duration>,
     elapsed: Duration,
     errors: u64,
+    (ticks, service): (Option<Ticks>, u32),
 ) -> Measured {
+    let cpu = ticks.and_then(|ticks| ticks.until(Ticks::now(service), latencies.len() as f64));
     latencies.sort_unstable();
     let at = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     Measured {
@@ -353,7 +356,7 @@ fn summarize(
         p99: at(0.99),
         max: *latencies.last().expect("some requests"),
         errors,
-        cpu: None,
+        cpu,
     }
 }
 
@@ -412,17 +415,13 @@ async fn closed_loop(
     for task in tasks {
         latencies.extend(task.await.expect("sender"));
     }
-    let acks = latencies.len() as f64;
-    let cpu = ticks.and_then(|ticks| ticks.until(Ticks::now(service), acks));
-    Measured {
-        cpu,
-        ..summarize(
-            format!("{senders} concurrent senders, as fast as acknowledged"),
-            latencies,
-            started.elapsed(),
-            errors.load(Ordering::Relaxed),
-        )
-    }
+    summarize(
+        format!("{senders} concurrent senders, as fast as acknowledged"),
+        latencies,
+        started.elapsed(),
+        errors.load(Ordering::Relaxed),
+        (ticks, service),
+    )
 }
 
 /// Updates sent at a fixed `rate`, whatever the answers do (open loop), for `seconds`; `why`
@@ -458,17 +457,13 @@ async fn paced(
             Err(()) => errors += 1,
         }
     }
-    let acks = latencies.len() as f64;
-    let cpu = ticks.and_then(|ticks| ticks.until(Ticks::now(service), acks));
-    Measured {
-        cpu,
-        ..summarize(
-            format!("paced at {rate:.0}/s ({why})"),
-            latencies,
-            started.elapsed(),
-            errors,
-        )
-    }
+    summarize(
+        format!("paced at {rate:.0}/s ({why})"),
+        latencies,
+        started.elapsed(),
+        errors,
+        (ticks, service),
+    )
 }
 
 /// The foundation benchmark's baseline: one-row INSERT transactions, `synchronous=FULL`.
@@ -649,9 +644,9 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     // At a steady rate (`OPLEDGER_LOAD_RATE`) there is no closed loop to show or compare.
     let steady = runs.iter().flatten().all(|run| run.full.is_none());
     let paced_p99 = if steady {
-        "p99 paced ms".to_owned()
+        "p99 paced ms"
     } else {
-        "p99 at a quarter ms".to_owned()
+        "p99 at a quarter ms"
     };
     let of = |variant: &[Run], f: &dyn Fn(&Run) -> f64| median(variant.iter().map(f).collect());
     let heading = if rounds > 1 {
