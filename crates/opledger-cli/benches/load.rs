@@ -5,8 +5,10 @@
 //! (`synchronous=FULL`) and on PostgreSQL; for each of four ways of running `serve` (intake
 //! alone, with the worker, with the asynchronous read models, everything), each on a fresh
 //! ledger, with the read models' lag at the end. The bot's Bot API is a fake on loopback that
-//! answers every reply at once. The raw one-row-per-transaction SQLite insert
-//! rate of the store benchmark is measured in the same run. Prints one table of every phase and,
+//! answers every reply at once and notes when each arrived: with the worker on, the replies per
+//! second in the paced phase and how long after its update each arrived (the user's wait). The
+//! raw one-row-per-transaction SQLite insert rate of the store benchmark is measured in the same
+//! run. Prints one table of every phase and,
 //! per backend, the variants side by side with how busy the cores were and the CPU time per
 //! update of the service and the database server.
 //!
@@ -23,8 +25,9 @@
 //! updates/s from a fresh ledger for `OPLEDGER_LOAD_SECONDS`, the latency at a rate the whole
 //! service keeps up with).
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -39,9 +42,12 @@ fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Update `n` comes from user (and private chat) `USERS + n`.
+const USERS: i64 = 1_000_000;
+
 /// A `/coupon spring` command from user `n` (distinct users: distinct business keys).
 fn update(n: u64) -> Vec<u8> {
-    let user = 1_000_000 + n;
+    let user = USERS + n as i64;
     serde_json::to_vec(&serde_json::json!({
         "update_id": 100_000_000 + n,
         "message": {
@@ -68,14 +74,93 @@ const VARIANTS: [(&str, &[&str]); 4] = [
     ("everything (default)", &[]),
 ];
 
+/// When each reply (`sendMessage`) reached the fake Bot API, with the chat it went to.
+#[derive(Clone, Default)]
+struct Replies(Arc<Mutex<Vec<(i64, Instant)>>>);
+
+impl Replies {
+    fn record(&self, body: &[u8]) {
+        let chat = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|body| match &body["chat_id"] {
+                serde_json::Value::String(chat) => chat.parse().ok(),
+                chat => chat.as_i64(),
+            });
+        if let Some(chat) = chat {
+            let at = Instant::now();
+            self.0.lock().expect("replies").push((chat, at));
+        }
+    }
+
+    /// The replies that arrived from `from` to `until`.
+    fn between(&self, from: Instant, until: Instant) -> Vec<(i64, Instant)> {
+        let replies = self.0.lock().expect("replies");
+        replies
+            .iter()
+            .filter(|(_, at)| (from..=until).contains(at))
+            .copied()
+            .collect()
+    }
+}
+
+/// One variant's updates: the next one's number (`update(n)`), and when each was sent.
+#[derive(Clone, Default)]
+struct Updates {
+    next: Arc<AtomicU64>,
+    sent: Arc<Mutex<HashMap<u64, Instant>>>,
+}
+
+impl Updates {
+    fn take(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// The worker's replies in the paced phase: how many reached the Bot API per second, and how
+/// long after its update had been sent each arrived (the user's wait for the answer; `None`
+/// when none arrived).
+#[derive(Clone, Copy)]
+struct Replied {
+    per_second: f64,
+    ages: Option<(Duration, Duration)>,
+}
+
+impl Replied {
+    fn of(replies: &Replies, updates: &Updates, from: Instant, until: Instant) -> Self {
+        let arrived = replies.between(from, until);
+        let sent = updates.sent.lock().expect("sends");
+        let mut ages: Vec<Duration> = arrived
+            .iter()
+            .filter_map(|(chat, at)| {
+                let n = u64::try_from(chat - USERS).ok()?;
+                Some(at.saturating_duration_since(*sent.get(&n)?))
+            })
+            .collect();
+        ages.sort_unstable();
+        let at = |p: f64| ages[((ages.len() as f64 * p) as usize).min(ages.len() - 1)];
+        Replied {
+            per_second: arrived.len() as f64 / until.duration_since(from).as_secs_f64(),
+            ages: (!ages.is_empty()).then(|| (at(0.50), at(0.99))),
+        }
+    }
+}
+
 /// A Bot API on loopback that accepts every call (each `sendMessage` gets a new message id), so
-/// that the worker's replies are answered at once and never leave the machine; its base URL.
-async fn fake_bot_api() -> String {
+/// that the worker's replies are answered at once and never leave the machine; its base URL,
+/// and the replies as they arrived.
+async fn fake_bot_api() -> (String, Replies) {
+    use axum::body::Bytes;
+    use axum::extract::Path;
     let sent = Arc::new(AtomicU64::new(0));
+    let replies = Replies::default();
+    let recorded = replies.clone();
     let app = axum::Router::new().route(
         "/{bot}/{method}",
-        axum::routing::any(move || {
+        axum::routing::any(move |Path((_, method)): Path<(String, String)>, body: Bytes| {
             let id = sent.fetch_add(1, Ordering::Relaxed) + 1;
+            if method == "sendMessage" {
+                recorded.record(&body);
+            }
             async move {
                 (
                     [(axum::http::header::CONTENT_TYPE, "application/json")],
@@ -95,7 +180,7 @@ async fn fake_bot_api() -> String {
             .await
             .expect("the fake Bot API serves");
     });
-    format!("http://{addr}")
+    (format!("http://{addr}"), replies)
 }
 
 /// `opledger serve` (with `args`) with bot `shop` (its Bot API at `api`) and the coupon action,
@@ -360,9 +445,11 @@ fn summarize(
     }
 }
 
-async fn post(client: &reqwest::Client, url: &str, n: u64) -> Result<Duration, ()> {
+async fn post(client: &reqwest::Client, url: &str, updates: &Updates) -> Result<Duration, ()> {
+    let n = updates.take();
     let body = update(n);
     let started = Instant::now();
+    updates.sent.lock().expect("sends").insert(n, started);
     let response = client
         .post(url)
         .header("x-telegram-bot-api-secret-token", SECRET)
@@ -382,7 +469,7 @@ async fn closed_loop(
     service: u32,
     senders: u64,
     seconds: u64,
-    next: Arc<AtomicU64>,
+    updates: &Updates,
 ) -> Measured {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(senders as usize)
@@ -394,13 +481,16 @@ async fn closed_loop(
     let errors = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..senders)
         .map(|_| {
-            let (client, url, next, errors) =
-                (client.clone(), url.to_owned(), next.clone(), errors.clone());
+            let (client, url, updates, errors) = (
+                client.clone(),
+                url.to_owned(),
+                updates.clone(),
+                errors.clone(),
+            );
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    match post(&client, &url, n).await {
+                    match post(&client, &url, &updates).await {
                         Ok(latency) => latencies.push(latency),
                         Err(()) => {
                             errors.fetch_add(1, Ordering::Relaxed);
@@ -431,7 +521,7 @@ async fn paced(
     service: u32,
     (rate, why): (f64, &str),
     seconds: u64,
-    next: Arc<AtomicU64>,
+    updates: &Updates,
 ) -> Measured {
     let client = reqwest::Client::builder().build().expect("client");
     let interval = Duration::from_secs_f64(1.0 / rate);
@@ -442,12 +532,10 @@ async fn paced(
     for i in 0..total {
         let due = started + interval.mul_f64(i as f64);
         tokio::time::sleep_until(due.into()).await;
-        let (client, url, n) = (
-            client.clone(),
-            url.to_owned(),
-            next.fetch_add(1, Ordering::Relaxed),
-        );
-        tasks.push(tokio::spawn(async move { post(&client, &url, n).await }));
+        let (client, url, updates) = (client.clone(), url.to_owned(), updates.clone());
+        tasks.push(tokio::spawn(
+            async move { post(&client, &url, &updates).await },
+        ));
     }
     let mut latencies = Vec::new();
     let mut errors = 0;
@@ -515,6 +603,8 @@ struct Run {
     caught_up: Option<Result<Duration, Duration>>,
     /// With the worker: its backlog over the paced phase.
     backlog: Option<Backlog>,
+    /// With the worker: its replies in the paced phase.
+    replied: Option<Replied>,
     /// In the paced phase, the bounds of the buckets holding the 99th percentile of each
     /// append's wait for its batch and of its batch's write (seconds): where the time went.
     appends: (Option<f64>, Option<f64>),
@@ -535,17 +625,17 @@ async fn run_variant(
     variant: &'static str,
     args: &[&str],
     storage_url: &str,
-    api: &str,
+    (api, replies): (&str, &Replies),
     dir: &std::path::Path,
 ) -> Run {
     let seconds = env_number("OPLEDGER_LOAD_SECONDS", 20);
     let senders = env_number("OPLEDGER_LOAD_SENDERS", 64);
     let steady = env_number("OPLEDGER_LOAD_RATE", 0);
     let (service, url) = start(dir, storage_url, api, args);
-    let next = Arc::new(AtomicU64::new(0));
+    let updates = Updates::default();
     let full = if steady == 0 {
         eprintln!("{name}, {variant}: {senders} senders for {seconds} s...");
-        Some(closed_loop(&url, service.pid(), senders, seconds, next.clone()).await)
+        Some(closed_loop(&url, service.pid(), senders, seconds, &updates).await)
     } else {
         None
     };
@@ -562,7 +652,9 @@ async fn run_variant(
     };
     eprintln!("{name}, {variant}: paced at {rate:.0}/s...");
     let appended = append_buckets(&service).await;
-    let paced = paced(&url, service.pid(), (rate, why), seconds, next).await;
+    let paced_from = Instant::now();
+    let paced = paced(&url, service.pid(), (rate, why), seconds, &updates).await;
+    let replied = worker.then(|| Replied::of(replies, &updates, paced_from, Instant::now()));
     let since = append_buckets(&service).await;
     let appends = (
         p99_bound(&appended.wait, &since.wait),
@@ -585,6 +677,7 @@ async fn run_variant(
         variant,
         full,
         paced,
+        replied,
         lag,
         caught_up,
         backlog,
@@ -618,7 +711,8 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 /// The variants side by side: closed-loop acks/s (and its ratio to intake alone), p99 closed
 /// loop, p99 at a quarter of the closed-loop rate, the worker's backlog (operations not taken up
-/// yet) when that paced phase started and ended, the read models' lag at the end and how long
+/// yet) when that paced phase started and ended, its replies per second in that phase and their
+/// age (p50 / p99, from the update to its reply, medians over the rounds), the read models' lag at the end and how long
 /// after it they were within a page of the head, and where an append's time went in the paced
 /// phase (the service's histograms: the p99 of its wait for its batch, of its batch's write, as
 /// the bounds of the buckets that hold them).
@@ -656,9 +750,9 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     };
     println!("\n`serve` on {backend}, side by side ({heading}):\n");
     println!(
-        "| variant | acks/s | vs intake only | p99 closed loop ms | {paced_p99} | worker backlog paced, start → end (taken up per s) | errors | read-model lag at the end | read models within a page after | cores busy (closed loop / paced) | CPU µs per ack, all but the load generator (of it the service), closed loop (steady: paced) | append p99 paced, wait / write ms (≤ bucket) |"
+        "| variant | acks/s | vs intake only | p99 closed loop ms | {paced_p99} | worker backlog paced, start → end (taken up per s) | replies paced per s (age p50 / p99 s) | errors | read-model lag at the end | read models within a page after | cores busy (closed loop / paced) | CPU µs per ack, all but the load generator (of it the service), closed loop (steady: paced) | append p99 paced, wait / write ms (≤ bucket) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for variant in runs {
         let Some(last) = variant.last() else { continue };
         let ratio = ratios(variant);
@@ -740,6 +834,24 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             }
         };
         let appends = format!("{} / {}", bound(&|r| r.appends.0), bound(&|r| r.appends.1));
+        let replied: Vec<Replied> = variant.iter().filter_map(|r| r.replied).collect();
+        let replies = if replied.is_empty() {
+            "-".to_owned()
+        } else {
+            let ages: Vec<(Duration, Duration)> = replied.iter().filter_map(|r| r.ages).collect();
+            // Milliseconds while the worker keeps up, seconds behind a backlog.
+            let age = |pick: fn(&(Duration, Duration)) -> Duration| match median(
+                ages.iter().map(|a| pick(a).as_secs_f64()).collect(),
+            ) {
+                s if s < 1.0 => format!("{:.3}", s),
+                s => format!("{s:.1}"),
+            };
+            let per_second = median(replied.iter().map(|r| r.per_second).collect());
+            match ages.is_empty() {
+                true => format!("{per_second:.0} (-)"),
+                false => format!("{per_second:.0} ({} / {})", age(|a| a.0), age(|a| a.1)),
+            }
+        };
         let (acks, vs_intake, p99_closed) = if steady {
             ("-".to_owned(), "-".to_owned(), "-".to_owned())
         } else {
@@ -752,7 +864,7 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             )
         };
         println!(
-            "| {} | {acks} | {vs_intake} | {p99_closed} | {} | {} | {} | {} | {caught_up} | {busy} | {per_ack} | {appends} |",
+            "| {} | {acks} | {vs_intake} | {p99_closed} | {} | {} | {replies} | {} | {} | {caught_up} | {busy} | {per_ack} | {appends} |",
             last.variant,
             ms(of(variant, &|r| r.paced.p99.as_secs_f64())),
             last.backlog.map_or_else(
@@ -847,7 +959,7 @@ async fn main() {
     let backends = std::env::var("OPLEDGER_BENCH_BACKENDS").unwrap_or("sqlite,postgres".into());
     let dir = tempfile::tempdir().expect("temporary directory");
     let raw = raw_sqlite_rate(dir.path(), 5).await;
-    let api = fake_bot_api().await;
+    let (api, replies) = fake_bot_api().await;
     // `OPLEDGER_LOAD_VARIANTS=1,4` runs only those (1-based, in the order of `VARIANTS`).
     let chosen = std::env::var("OPLEDGER_LOAD_VARIANTS").unwrap_or("1,2,3,4".into());
     let variants: Vec<_> = VARIANTS
@@ -866,7 +978,9 @@ async fn main() {
                 let folder = dir.path().join(format!("sqlite-{round}-{i}"));
                 std::fs::create_dir_all(&folder).expect("a folder");
                 let url = format!("sqlite://{}", folder.join("ledger.db").display());
-                runs[i].push(run_variant("SQLite", variant, args, &url, &api, &folder).await);
+                runs[i].push(
+                    run_variant("SQLite", variant, args, &url, (&api, &replies), &folder).await,
+                );
                 // Each variant's files go before the next starts: the disk is shared too.
                 let _ = std::fs::remove_dir_all(&folder);
             }
@@ -884,8 +998,14 @@ async fn main() {
                         let name = format!("opledger_load_{}_{i}", std::process::id());
                         let url = create_database(&mut connection, &admin, &name).await;
                         let folder = tempfile::tempdir().expect("temporary directory");
-                        let run =
-                            run_variant("PostgreSQL", variant, args, &url, &api, folder.path());
+                        let run = run_variant(
+                            "PostgreSQL",
+                            variant,
+                            args,
+                            &url,
+                            (&api, &replies),
+                            folder.path(),
+                        );
                         runs[i].push(run.await);
                         connection
                             .execute(sqlx::AssertSqlSafe(format!(
