@@ -368,17 +368,7 @@ impl Worker {
 
     /// The first operation waiting in `queue`, its stream read, in hand until it is dropped.
     async fn next_queued(&self, queue: &Queue, finished: &Notify) -> Option<Upcoming> {
-        self.queued_where(queue, finished, |_| true).await
-    }
-
-    /// The first operation waiting in `queue` whose row `wanted`, as [`Worker::next_queued`].
-    async fn queued_where(
-        &self,
-        queue: &Queue,
-        finished: &Notify,
-        wanted: impl Fn(&OperationStatusRow) -> bool,
-    ) -> Option<Upcoming> {
-        let Queued { row, loading } = queue.pop_where(wanted)?;
+        let Queued { row, loading } = queue.pop()?;
         finished.notify_one();
         // Released even if the step panics, so the operation is not stranded here.
         let release = Release {
@@ -636,17 +626,8 @@ impl Lookahead for Ahead<'_> {
     ) -> futures_util::future::BoxFuture<'_, Option<(Handle, Arc<dyn Effector>)>> {
         Box::pin(async move {
             if self.slot.is_none() {
-                // A row still queued means that no other task was free to take it. Replies
-                // (due from when their operation was received, ADR 0026) are passed over for an
-                // operation to claim, whose claim can then ride on this record.
-                *self.slot = self
-                    .worker
-                    .queued_where(self.queue, self.finished, |row| {
-                        [Status::Received, Status::RetryScheduled]
-                            .iter()
-                            .any(|status| status.as_str() == row.status)
-                    })
-                    .await;
+                // A row still queued means that no other task was free to take it.
+                *self.slot = self.worker.next_queued(self.queue, self.finished).await;
             }
             let upcoming = self.slot.as_ref()?;
             let handle = upcoming.handle.as_ref().ok()?;
@@ -703,10 +684,8 @@ impl Queue {
         self.lock().push_back(queued);
     }
 
-    fn pop_where(&self, wanted: impl Fn(&OperationStatusRow) -> bool) -> Option<Queued> {
-        let mut rows = self.lock();
-        let at = rows.iter().position(|queued| wanted(&queued.row))?;
-        rows.remove(at)
+    fn pop(&self) -> Option<Queued> {
+        self.lock().pop_front()
     }
 
     fn len(&self) -> usize {
