@@ -8,9 +8,8 @@
 //! answers every reply at once and notes when each arrived: with the worker on, the replies per
 //! second in the paced phase and how long after its update each arrived (the user's wait). The
 //! raw one-row-per-transaction SQLite insert rate of the store benchmark is measured in the same
-//! run. Prints one table of every phase and,
-//! per backend, the variants side by side with how busy the cores were and the CPU time per
-//! update of the service and the database server.
+//! run. Prints one table of every phase and, per backend, the variants side by side with how
+//! busy the cores were and the CPU time per update of the service and the database server.
 //!
 //! `cargo bench -p opledger-cli --bench load`
 //!
@@ -137,10 +136,9 @@ impl Replied {
             })
             .collect();
         ages.sort_unstable();
-        let at = |p: f64| ages[((ages.len() as f64 * p) as usize).min(ages.len() - 1)];
         Replied {
             per_second: arrived.len() as f64 / until.duration_since(from).as_secs_f64(),
-            ages: (!ages.is_empty()).then(|| (at(0.50), at(0.99))),
+            ages: (!ages.is_empty()).then(|| (percentile(&ages, 0.50), percentile(&ages, 0.99))),
         }
     }
 }
@@ -422,6 +420,11 @@ impl Ticks {
     }
 }
 
+/// The `p` quantile (0 to 1) of `sorted`, which is not empty.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
 /// A phase's figures; `ticks`, read when it began, and `service` give its CPU.
 fn summarize(
     label: String,
@@ -432,13 +435,12 @@ fn summarize(
 ) -> Measured {
     let cpu = ticks.and_then(|ticks| ticks.until(Ticks::now(service), latencies.len() as f64));
     latencies.sort_unstable();
-    let at = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     Measured {
         label,
         acks: latencies.len() as u64,
         acks_per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50: at(0.50),
-        p99: at(0.99),
+        p50: percentile(&latencies, 0.50),
+        p99: percentile(&latencies, 0.99),
         max: *latencies.last().expect("some requests"),
         errors,
         cpu,
