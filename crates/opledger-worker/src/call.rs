@@ -1091,12 +1091,7 @@ mod tests {
         let (_, _, mut next) = record_after(&calls, false, None).await;
         let mut c = next.handle.clone();
         c.advance(next.claimed.take().unwrap());
-        let config = opledger_config::Config::parse(
-            "[[bots]]\nname = \"shop\"\ntoken_env = \"T\"\nwebhook_secret_env = \"S\"\n\
-             [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\nkey = \"{user_id}\"\n",
-            &|name| Some(if name == "T" { "123456:test-token" } else { "secret" }.to_owned()),
-        )
-        .expect("config");
+        let config = crate::handle::tests::config();
         let action = Action {
             config: Arc::new(config.actions[0].clone()),
             effector: Arc::new(Slow(false)),

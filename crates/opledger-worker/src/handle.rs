@@ -390,6 +390,16 @@ pub(crate) mod tests {
         vec![received.into(), claimed(worker, 1), sent.into()]
     }
 
+    /// A configuration with one bot, `shop`, and one action, `coupon`, with no effector.
+    pub(crate) fn config() -> opledger_config::Config {
+        opledger_config::Config::parse(
+            "[[bots]]\nname = \"shop\"\ntoken_env = \"T\"\nwebhook_secret_env = \"S\"\n\
+             [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\nkey = \"{user_id}\"\n",
+            &|name| Some(if name == "T" { "123456:test-token" } else { "secret" }.to_owned()),
+        )
+        .expect("config")
+    }
+
     /// The worker `w1`'s side of a fresh SQLite ledger in a temporary directory, at [`now`].
     pub(crate) async fn operations() -> (tempfile::TempDir, Operations) {
         let dir = tempfile::tempdir().unwrap();

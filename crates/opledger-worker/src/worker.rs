@@ -1,7 +1,8 @@
 //! The worker loop: due operations in, one decided commit per step out.
 //!
 //! The loop reads due operations from `operation_status` into a short queue that its tasks drain
-//! (never two tasks on one operation; a row whose step found nothing to do rests a while), and
+//! (never two tasks on one operation; a row as current as its stream whose step found nothing
+//! to do rests a while, one listed before the stream's last commit is only dropped), and
 //! looks for more when the queue is down to half. Each operation's stream is read as it is
 //! queued (the read model only says where to look), so the task that takes it up does not wait
 //! for the read; a read older than the row is done again, and one that went stale in the queue
@@ -450,6 +451,12 @@ impl Worker {
         next: Option<&mut dyn Lookahead>,
     ) -> Option<Pending> {
         let mut carry = carry;
+        // A row listed before its operation's last commit (a look that raced a task's step, or
+        // an operation whose outcome was still carried) is not rested: nothing was due on the
+        // stream as it is now, and the next look lists its row as it is now.
+        let current = handle
+            .as_ref()
+            .is_ok_and(|handle| handle.state().version == row.version);
         let result = match handle {
             Ok(handle) => self.try_step(row, handle, &mut carry, claimed, next).await,
             Err(error) => Err(error),
@@ -460,9 +467,10 @@ impl Worker {
         match result {
             Ok(Stepped::Called(pending)) => return Some(*pending),
             Ok(Stepped::Done) => {}
-            Ok(Stepped::Nothing) => self
+            Ok(Stepped::Nothing) if current => self
                 .inner
                 .rest(&row.operation_id, self.inner.options.idle_poll),
+            Ok(Stepped::Nothing) => {}
             Err(error) => {
                 tracing::warn!(
                     operation_id = %row.operation_id,
@@ -742,7 +750,7 @@ fn result_fields(action: &ActionConfig) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handle::tests::{append, claimed, now, operations, received, stream};
+    use crate::handle::tests::{append, claimed, config, now, operations, received, stream};
 
     /// The row `operation_status` lists for operation `a` at `version`.
     fn row(version: u64) -> OperationStatusRow {
@@ -768,6 +776,51 @@ mod tests {
             version,
             last_position: version,
         }
+    }
+
+    /// Worker `w1` for the `coupon` action on `ops`' ledger, at [`now`].
+    fn worker(ops: &Operations) -> Worker {
+        let clock = Arc::new(opledger_ledger::ManualClock::new(now()));
+        Worker::new(
+            &config(),
+            ops.store().clone(),
+            clock,
+            WorkerOptions::new("w1"),
+        )
+        .expect("a worker")
+    }
+
+    #[tokio::test]
+    async fn a_row_listed_before_its_operation_s_last_commit_is_not_left_to_rest() {
+        let (_dir, ops) = operations().await;
+        let worker = worker(&ops);
+        append(&ops, &stream("a"), 0, &[received("a").into()]).await;
+        // Claimed by another worker after a look listed the operation as received.
+        append(&ops, &stream("a"), 1, &[claimed("w2", 1)]).await;
+        let id = received("a").operation_id.to_string();
+        let step = |row: OperationStatusRow| {
+            let worker = worker.clone();
+            async move {
+                let handle = load(&worker.inner.ops, &row.stream_id).await;
+                worker
+                    .step_carrying(&row, handle, None, false, None)
+                    .await
+                    .is_none()
+            }
+        };
+
+        assert!(step(row(1)).await, "nothing to do on the stream as it is");
+        assert!(
+            worker.inner.take(&id),
+            "not resting: the next look lists the row as it is now"
+        );
+        worker.inner.release(&id);
+
+        assert!(step(row(2)).await);
+        assert!(
+            !worker.inner.take(&id),
+            "a row as current as its stream with nothing to do rests, so the loop cannot spin"
+        );
     }
 
     #[tokio::test]
