@@ -1133,12 +1133,20 @@ async fn metrics_are_openmetrics_text_with_the_known_counts(backend: Backend) {
     ] {
         assert_append_histogram(&metrics, histogram);
     }
-
-    // One more update is one more append call, waited for and written once.
     let count =
         |metrics: &Scrape, histogram: &str| metrics.value(&format!("{histogram}_count"), &[]);
+
+    let batches = |metrics: &Scrape| metrics.value("opledger_append_batches_total", &[]);
+    assert!(
+        (1.0..=count(&metrics, "opledger_append_wait_seconds")).contains(&batches(&metrics)),
+        "a batch holds one append or more"
+    );
+
+    // One more update is one more append call, waited for and written once, in one batch of
+    // its own (nothing else appends meanwhile).
     world.ask(4, 10, "winter").await;
     let after = scrape(&world).await;
+    assert_eq!(batches(&after), batches(&metrics) + 1.0);
     for histogram in [
         "opledger_append_wait_seconds",
         "opledger_append_write_seconds",

@@ -34,6 +34,7 @@
 //! | `opledger_http_refusals_total{reason}` | counter | this process |
 //! | `opledger_append_wait_seconds` | histogram | this process: each append's wait for its batch |
 //! | `opledger_append_write_seconds` | histogram | this process: its batch's write, to the commit |
+//! | `opledger_append_batches_total` | counter | this process: batches committed (appends ÷ batches: a commit's share) |
 //! | `opledger_storage_readable` | gauge | 1 if every read above succeeded, else 0 |
 //!
 //! When storage cannot be read the scrape still succeeds, with the process counters and
@@ -239,6 +240,12 @@ fn registry(state: &AppState, stored: Option<&Stored>) -> Registry {
          database's work and its sync to disk)",
         Unit::Seconds,
         AppendHistogram(timings.write()),
+    );
+    registry.register(
+        "append_batches",
+        "Group-commit batches this process wrote since it started, each one transaction: with \
+         the appends (either histogram's count), how many appends a commit carried",
+        counter(timings.batches()),
     );
     registry.register(
         "storage_readable",

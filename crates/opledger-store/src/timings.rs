@@ -60,6 +60,8 @@ impl Histogram {
 pub struct AppendTimings {
     wait: Histogram,
     write: Histogram,
+    /// Batches written (transactions committed); each append is one value of each histogram.
+    batches: AtomicU64,
 }
 
 impl AppendTimings {
@@ -73,10 +75,17 @@ impl AppendTimings {
         ended: std::time::Instant,
     ) {
         let write = ended.saturating_duration_since(began);
+        self.batches.fetch_add(1, Ordering::Relaxed);
         for queued in queued {
             self.wait.observe(began.saturating_duration_since(queued));
             self.write.observe(write);
         }
+    }
+
+    /// How many batches were written so far: with the appends (either histogram's count), how
+    /// many appends a commit carried.
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
     }
 
     /// Each call's wait in the queue until its batch began, so far.
@@ -169,6 +178,7 @@ mod tests {
         assert_eq!(write.count(), 3);
         assert_eq!(write.counts[6], 3, "7 ms is in the bucket up to 7.5 ms");
         assert_eq!(write.sum, ms(21.0));
+        assert_eq!(timings.batches(), 1, "three appends, one commit");
     }
 
     /// The quantile's bucket bound, from a difference of two snapshots: what a run saw, not
