@@ -270,17 +270,28 @@ fn worker_backlog(service: &serving::Service) -> u64 {
         .count() as u64
 }
 
-/// The cumulative bucket counts of the service's two append histograms (`/metrics`:
-/// `opledger_append_wait_seconds`, `opledger_append_write_seconds`), by upper bound in
-/// seconds, ascending (the last is `+Inf`).
+/// What the load bench reads from the service's `/metrics`: the cumulative bucket counts of its
+/// two append histograms (`opledger_append_wait_seconds`, `opledger_append_write_seconds`), by
+/// upper bound in seconds, ascending (the last is `+Inf`, every append), the batches it
+/// committed (`opledger_append_batches_total`), and the connections its edge refused, by reason
+/// (`opledger_http_refusals_total`): what a load generator's errors may come from.
 #[derive(Clone, Debug, Default)]
-struct AppendBuckets {
+struct Scrape {
     wait: Vec<(f64, u64)>,
     write: Vec<(f64, u64)>,
+    batches: u64,
+    refusals: Vec<(String, u64)>,
 }
 
-/// The service's append histograms now.
-async fn append_buckets(service: &serving::Service) -> AppendBuckets {
+impl Scrape {
+    /// Appends counted.
+    fn appends(&self) -> u64 {
+        self.wait.last().map_or(0, |(_, count)| *count)
+    }
+}
+
+/// The service's `/metrics` now.
+async fn scrape(service: &serving::Service) -> Scrape {
     let text = reqwest::get(format!("{}/metrics", service.base))
         .await
         .and_then(reqwest::Response::error_for_status)
@@ -303,10 +314,44 @@ async fn append_buckets(service: &serving::Service) -> AppendBuckets {
             })
             .collect()
     };
-    AppendBuckets {
+    let refusals = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("opledger_http_refusals_total{reason=\""))
+        .filter_map(|rest| {
+            let (reason, count) = rest.split_once("\"} ")?;
+            Some((reason.to_owned(), count.trim().parse().ok()?))
+        })
+        .collect();
+    let batches = text
+        .lines()
+        .find_map(|line| line.strip_prefix("opledger_append_batches_total "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0);
+    Scrape {
         wait: buckets("opledger_append_wait_seconds"),
         write: buckets("opledger_append_write_seconds"),
+        batches,
+        refusals,
     }
+}
+
+/// The connections refused between two scrapes, by reason, as `reason count` pairs; empty if
+/// none was.
+fn refused(before: &Scrape, after: &Scrape) -> String {
+    after
+        .refusals
+        .iter()
+        .filter_map(|(reason, count)| {
+            let earlier = before
+                .refusals
+                .iter()
+                .find(|(r, _)| r == reason)
+                .map_or(0, |(_, c)| *c);
+            let delta = count.saturating_sub(earlier);
+            (delta > 0).then(|| format!("{reason} {delta}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The upper bound (seconds) of the bucket holding the 99th percentile of the values counted
@@ -610,6 +655,12 @@ struct Run {
     /// In the paced phase, the bounds of the buckets holding the 99th percentile of each
     /// append's wait for its batch and of its batch's write (seconds): where the time went.
     appends: (Option<f64>, Option<f64>),
+    /// In the paced phase, the service's appends and its batches' commits per update
+    /// acknowledged then (intake's and the worker's alike): how many transactions an update
+    /// costs.
+    per_update: Option<(f64, f64)>,
+    /// The connections the service's edge refused, by phase and reason (empty if none was).
+    refused: String,
 }
 
 /// The worker over the paced phase: the operations it had not taken up yet (still `received`)
@@ -634,6 +685,7 @@ async fn run_variant(
     let senders = env_number("OPLEDGER_LOAD_SENDERS", 64);
     let steady = env_number("OPLEDGER_LOAD_RATE", 0);
     let (service, url) = start(dir, storage_url, api, args);
+    let started = scrape(&service).await;
     let updates = Updates::default();
     let full = if steady == 0 {
         eprintln!("{name}, {variant}: {senders} senders for {seconds} s...");
@@ -653,15 +705,34 @@ async fn run_variant(
         None => (steady as f64, "steady, from a fresh ledger", seconds),
     };
     eprintln!("{name}, {variant}: paced at {rate:.0}/s...");
-    let appended = append_buckets(&service).await;
+    let appended = scrape(&service).await;
     let paced_from = Instant::now();
     let paced = paced(&url, service.pid(), (rate, why), seconds, &updates).await;
     let replied = worker.then(|| Replied::of(replies, &updates, paced_from, Instant::now()));
-    let since = append_buckets(&service).await;
+    let since = scrape(&service).await;
+    let refused = [
+        ("closed loop", refused(&started, &appended)),
+        ("paced", refused(&appended, &since)),
+    ]
+    .into_iter()
+    .filter(|(_, refused)| !refused.is_empty())
+    .map(|(phase, refused)| format!("{phase}: {refused}"))
+    .collect::<Vec<_>>()
+    .join("; ");
+    if !refused.is_empty() {
+        eprintln!("{name}, {variant}: connections the edge refused ({refused})");
+    }
     let appends = (
         p99_bound(&appended.wait, &since.wait),
         p99_bound(&appended.write, &since.write),
     );
+    let per_update = (paced.acks > 0).then(|| {
+        let per = |count: u64| count as f64 / paced.acks as f64;
+        (
+            per(since.appends().saturating_sub(appended.appends())),
+            per(since.batches.saturating_sub(appended.batches)),
+        )
+    });
     let backlog = before.map(|(began, start)| {
         let elapsed = began.elapsed();
         let end = worker_backlog(&service);
@@ -684,6 +755,8 @@ async fn run_variant(
         caught_up,
         backlog,
         appends,
+        per_update,
+        refused,
     }
 }
 
@@ -717,7 +790,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// age (p50 / p99, from the update to its reply, medians over the rounds), the read models' lag at the end and how long
 /// after it they were within a page of the head, and where an append's time went in the paced
 /// phase (the service's histograms: the p99 of its wait for its batch, of its batch's write, as
-/// the bounds of the buckets that hold them).
+/// the bounds of the buckets that hold them), and the appends and commits per update there.
 /// `runs[v][r]` is variant `v` in round `r`; with several rounds every figure is the median over
 /// them, the ratio is the median of each round's ratio to that round's intake alone (shown with
 /// its lowest and highest), the lag and the catch-up are shown with their largest, and the
@@ -752,9 +825,9 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
     };
     println!("\n`serve` on {backend}, side by side ({heading}):\n");
     println!(
-        "| variant | acks/s | vs intake only | p99 closed loop ms | {paced_p99} | worker backlog paced, start → end (taken up per s) | replies paced per s (age p50 / p99 s) | errors | read-model lag at the end | read models within a page after | cores busy (closed loop / paced) | CPU µs per ack, all but the load generator (of it the service), closed loop (steady: paced) | append p99 paced, wait / write ms (≤ bucket) |"
+        "| variant | acks/s | vs intake only | p99 closed loop ms | {paced_p99} | worker backlog paced, start → end (taken up per s) | replies paced per s (age p50 / p99 s) | errors | read-model lag at the end | read models within a page after | cores busy (closed loop / paced) | CPU µs per ack, all but the load generator (of it the service), closed loop (steady: paced) | append p99 paced, wait / write ms (≤ bucket) | appends / commits per update paced |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for variant in runs {
         let Some(last) = variant.last() else { continue };
         let ratio = ratios(variant);
@@ -836,6 +909,15 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             }
         };
         let appends = format!("{} / {}", bound(&|r| r.appends.0), bound(&|r| r.appends.1));
+        let per_update: Vec<(f64, f64)> = variant.iter().filter_map(|r| r.per_update).collect();
+        let per_update = match per_update.is_empty() {
+            true => "-".to_owned(),
+            false => format!(
+                "{:.2} / {:.2}",
+                median(per_update.iter().map(|p| p.0).collect()),
+                median(per_update.iter().map(|p| p.1).collect())
+            ),
+        };
         let replied: Vec<Replied> = variant.iter().filter_map(|r| r.replied).collect();
         let replies = if replied.is_empty() {
             "-".to_owned()
@@ -854,6 +936,23 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
                 false => format!("{per_second:.0} ({} / {})", age(|a| a.0), age(|a| a.1)),
             }
         };
+        // The load generator's errors, with what the edge refused (the rest: timeouts, answers
+        // other than 200).
+        let errors = |variant: &[Run]| {
+            let count: u64 = variant
+                .iter()
+                .map(|r| r.full.as_ref().map_or(0, |f| f.errors) + r.paced.errors)
+                .sum();
+            let refused: Vec<&str> = variant
+                .iter()
+                .map(|r| r.refused.as_str())
+                .filter(|refused| !refused.is_empty())
+                .collect();
+            match refused.is_empty() {
+                true => count.to_string(),
+                false => format!("{count} (refused: {})", refused.join("; ")),
+            }
+        };
         let (acks, vs_intake, p99_closed) = if steady {
             ("-".to_owned(), "-".to_owned(), "-".to_owned())
         } else {
@@ -866,17 +965,14 @@ fn side_by_side(backend: &str, runs: &[Vec<Run>]) {
             )
         };
         println!(
-            "| {} | {acks} | {vs_intake} | {p99_closed} | {} | {} | {replies} | {} | {} | {caught_up} | {busy} | {per_ack} | {appends} |",
+            "| {} | {acks} | {vs_intake} | {p99_closed} | {} | {} | {replies} | {} | {} | {caught_up} | {busy} | {per_ack} | {appends} | {per_update} |",
             last.variant,
             ms(of(variant, &|r| r.paced.p99.as_secs_f64())),
             last.backlog.map_or_else(
                 || "-".to_owned(),
                 |b| format!("{} → {} ({:.0})", b.start, b.end, b.taken_up_per_second)
             ),
-            variant
-                .iter()
-                .map(|r| r.full.as_ref().map_or(0, |f| f.errors) + r.paced.errors)
-                .sum::<u64>(),
+            errors(variant),
             match lags.iter().copied().reduce(f64::max) {
                 None => "-".to_owned(),
                 Some(_) if rounds == 1 => format!("{:.0}", median(lags)),
