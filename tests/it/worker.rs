@@ -176,18 +176,33 @@ impl World {
     }
 
     async fn stream_events(&self, row: &OperationStatusRow) -> Vec<(String, Value)> {
-        let stream = StreamId::new(row.stream_id.clone()).expect("stream id");
-        self.app
-            .store
-            .read_stream(&stream, 1, 1000)
+        self.recorded(row)
             .await
-            .expect("read the stream")
             .into_iter()
             .map(|e| {
                 let payload: Value = serde_json::from_slice(&e.payload).expect("payload");
                 (e.event_type, payload)
             })
             .collect()
+    }
+
+    /// The ledger position of the first `event_type` event on `row`'s stream.
+    async fn position_of(&self, row: &OperationStatusRow, event_type: &str) -> Option<u64> {
+        self.recorded(row)
+            .await
+            .into_iter()
+            .find(|e| e.event_type == event_type)
+            .map(|e| e.position)
+    }
+
+    /// The events of `row`'s stream as recorded, in order.
+    async fn recorded(&self, row: &OperationStatusRow) -> Vec<opledger_store::RecordedEvent> {
+        let stream = StreamId::new(row.stream_id.clone()).expect("stream id");
+        self.app
+            .store
+            .read_stream(&stream, 1, 1000)
+            .await
+            .expect("read the stream")
     }
 
     fn advance(&self, seconds: i64) {
@@ -241,6 +256,7 @@ on_both_backends!(
     a_reply_refused_by_flood_control_waits_for_retry_after,
     a_reply_whose_sender_died_is_never_sent_again,
     a_failed_operation_is_replied_with_the_failure,
+    a_reply_keeps_its_operation_s_place_ahead_of_operations_received_after_it,
 );
 
 async fn a_confirmed_call_is_sent_once_with_the_operation_id_and_replied(backend: Backend) {
@@ -1216,5 +1232,64 @@ async fn a_call_s_record_carries_the_claim_of_the_task_s_next_operation() {
         "the second claim right after the first record: {streams:?}"
     );
     assert_eq!(world.service.total_requests(), 2, "each called once");
+    world.stop().await;
+}
+
+/// A reply keeps its operation's place in the worker's line (ADR 0026): an operation that ends
+/// while operations received after it wait is replied to among the worker's first steps, not
+/// after all of them (before, its reply was due from when it ended, behind the whole backlog).
+async fn a_reply_keeps_its_operation_s_place_ahead_of_operations_received_after_it(
+    backend: Backend,
+) {
+    const LATER: i64 = 10;
+    let Some(world) = World::start(backend, Setup::default()).await else {
+        return;
+    };
+    world.ask(1, 7, "spring").await;
+    let first = world.only_operation().await;
+    for n in 0..LATER {
+        world.ask(2 + n, 100 + n, "spring").await;
+    }
+    // The first operation ends after the others arrived (refused by a worker that then died).
+    world
+        .ghost(
+            &first,
+            vec![
+                ghost_claim(&world, 30),
+                OperationCommand::Fail {
+                    reason: "sold out".to_owned(),
+                },
+            ],
+        )
+        .await;
+    let (stop, running) = spawn_run(world.worker("w1", 1));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while world.telegram.calls("sendMessage").len() < usize::try_from(LATER + 1).unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every reply went out"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop.send(());
+    running.await.expect("the worker stops");
+    let replied = world
+        .position_of(&first, "ReplyStarted")
+        .await
+        .expect("the first operation was replied to");
+    let mut calls_before = 0;
+    for row in world.operations().await {
+        if row.operation_id == first.operation_id {
+            continue;
+        }
+        let claimed = world.position_of(&row, "Claimed").await.expect("claimed");
+        if claimed < replied {
+            calls_before += 1;
+        }
+    }
+    assert!(
+        calls_before <= LATER / 2,
+        "{calls_before} of the {LATER} later operations were called before the first one's reply"
+    );
     world.stop().await;
 }

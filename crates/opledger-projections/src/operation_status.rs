@@ -92,10 +92,13 @@ impl OperationStatusRow {
             .any(|s| s.as_str() == self.status && s.is_terminal())
     }
 
-    /// When a worker must look at a terminal operation: now, if it has a chat to reply to and
-    /// no reply was started yet; never otherwise.
-    fn reply_due(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        (self.chat_id.is_some() && self.reply == "not_started").then_some(at)
+    /// When a worker must look at a terminal operation: if it has a chat to reply to and no
+    /// reply was started yet, from when the operation was received, so that its reply keeps
+    /// the operation's place in the worker's line (earliest due first): under a backlog it
+    /// goes before operations received after it, instead of after all of them (ADR 0026);
+    /// never otherwise.
+    fn reply_due(&self) -> Option<DateTime<Utc>> {
+        (self.chat_id.is_some() && self.reply == "not_started").then_some(self.created_at)
     }
 
     /// Folds one event of the operation's stream into its row; `row` is `None` before the first
@@ -155,13 +158,13 @@ impl OperationStatusRow {
                 row.status = status(Status::Confirmed);
                 row.external_id.clone_from(&e.external_id);
                 row.lease_until = None;
-                row.due_at = row.reply_due(at);
+                row.due_at = row.reply_due();
             }
             OperationEvent::Failed(e) => {
                 row.status = status(Status::Failed);
                 row.last_error = Some(e.reason.clone());
                 row.lease_until = None;
-                row.due_at = row.reply_due(at);
+                row.due_at = row.reply_due();
             }
             OperationEvent::RetryScheduled(e) => {
                 row.status = status(Status::RetryScheduled);
@@ -185,7 +188,7 @@ impl OperationStatusRow {
                 } else {
                     row.status = status(Status::Reconciled);
                     row.external_id.clone_from(&e.external_id);
-                    row.due_at = row.reply_due(at);
+                    row.due_at = row.reply_due();
                 }
             }
             OperationEvent::KeyConflictRecorded(_) => {
@@ -730,7 +733,8 @@ impl PgWrite for PlannedRows {
 
 impl Projection for OperationStatus {
     fn definition(&self) -> Definition {
-        Definition::new(NAME, 1, SQLITE_SCHEMA, POSTGRES_SCHEMA).inline()
+        // 2: a terminal operation's reply is due from when it was received (ADR 0026).
+        Definition::new(NAME, 2, SQLITE_SCHEMA, POSTGRES_SCHEMA).inline()
     }
 
     fn apply<'a>(

@@ -48,6 +48,14 @@ pub(crate) struct Pending {
     command: OperationCommand,
 }
 
+#[cfg(test)]
+impl Pending {
+    /// `command`, decided on `handle` and not yet committed.
+    pub(crate) fn new(handle: Handle, command: OperationCommand) -> Self {
+        Pending { handle, command }
+    }
+}
+
 /// The operation a task takes up after the one it is calling, taken from the worker's queue
 /// early so that its claim can ride with this call's record (see the module documentation).
 pub(crate) trait Lookahead: Send {
@@ -107,7 +115,11 @@ impl Calls {
         let effector = action.effector.as_ref();
         if !claimed {
             let first = claim_commands(effector, &worker, now, self.lease_margin);
-            if self.claim(&mut handle, &first, carry.take()).await? == Applied::Declined {
+            if self
+                .commit_carrying(&mut handle, &first, carry.take())
+                .await?
+                == Applied::Declined
+            {
                 return Ok(None);
             }
         }
@@ -243,8 +255,9 @@ impl Calls {
         })
     }
 
-    /// Commits the claim `commands` on `handle`, with `carry`'s outcome in the same append.
-    async fn claim(
+    /// Commits `commands` (a claim, or a reply's start) on `handle`, with `carry`'s outcome in
+    /// the same append.
+    pub(crate) async fn commit_carrying(
         &self,
         handle: &mut Handle,
         commands: &[OperationCommand],
@@ -880,7 +893,7 @@ mod tests {
         let (pending, mut next) = two_operations(&calls).await;
         let head = calls.ops.store().head().await.unwrap().position;
         let applied = calls
-            .claim(&mut next, &[claim()], Some(pending))
+            .commit_carrying(&mut next, &[claim()], Some(pending))
             .await
             .unwrap();
         assert_eq!(applied, Applied::Done);
@@ -905,7 +918,7 @@ mod tests {
         // Another worker claims the next operation after this one read it.
         append(&calls.ops, &b, 1, &[claimed("w2", 1)]).await;
         let applied = calls
-            .claim(&mut next, &[claim()], Some(pending))
+            .commit_carrying(&mut next, &[claim()], Some(pending))
             .await
             .unwrap();
         assert_eq!(applied, Applied::Declined);
@@ -924,7 +937,10 @@ mod tests {
         let a = stream("a");
         append(&calls.ops, &a, 0, &[received("a").into()]).await;
         let mut handle = calls.ops.load(a.clone()).await.unwrap();
-        let applied = calls.claim(&mut handle, &[claim()], None).await.unwrap();
+        let applied = calls
+            .commit_carrying(&mut handle, &[claim()], None)
+            .await
+            .unwrap();
         assert_eq!(applied, Applied::Done);
         let ours = handle.state().claim.clone();
         // A claim was taken since under the same worker id (another process configured with
@@ -970,7 +986,10 @@ mod tests {
     async fn three_operations(calls: &Calls, honours: bool) -> (Pending, Handle, Next) {
         let (pending, mut b) = two_operations(calls).await;
         assert_eq!(
-            calls.claim(&mut b, &[claim()], None).await.unwrap(),
+            calls
+                .commit_carrying(&mut b, &[claim()], None)
+                .await
+                .unwrap(),
             Applied::Done
         );
         append(&calls.ops, &stream("c"), 0, &[received("c").into()]).await;

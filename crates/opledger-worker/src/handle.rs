@@ -390,10 +390,12 @@ pub(crate) mod tests {
         vec![received.into(), claimed(worker, 1), sent.into()]
     }
 
-    /// A configuration with one bot, `shop`, and one action, `coupon`, with no effector.
+    /// A configuration with one bot, `shop` (its Bot API on a loopback port where nothing
+    /// listens), and one action, `coupon`, with no effector.
     pub(crate) fn config() -> opledger_config::Config {
         opledger_config::Config::parse(
             "[[bots]]\nname = \"shop\"\ntoken_env = \"T\"\nwebhook_secret_env = \"S\"\n\
+             api_base_url = \"http://127.0.0.1:9\"\n\
              [[actions]]\nname = \"coupon\"\nbot = \"shop\"\ncommand = \"coupon\"\nkey = \"{user_id}\"\n",
             &|name| Some(if name == "T" { "123456:test-token" } else { "secret" }.to_owned()),
         )

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
+use futures_util::future::BoxFuture;
 use opledger_config::{ActionConfig, ReplyTemplate};
 use opledger_domain::operation::{OperationCommand, OperationEvent, ReconcileOutcome};
 use opledger_domain::{Operation, ReplyStatus};
@@ -39,12 +40,14 @@ impl Replier {
         }
     }
 
-    /// Takes the reply step of a terminal operation whose reply is due, for `action`.
+    /// Takes the reply step of a terminal operation whose reply is due, for `action`, its start
+    /// committed through `start`.
     pub(crate) async fn reply(
         &self,
         ops: &Operations,
         action: &ActionConfig,
         handle: &mut Handle,
+        start: &mut dyn Start,
     ) -> Result<(), StepError> {
         let Some(chat_id) = handle.received().chat_id else {
             return Ok(());
@@ -75,12 +78,15 @@ impl Replier {
             return Ok(());
         };
         let text = text(action, handle);
-        self.pace(chat_id).await;
+        let slot = self.slot(chat_id);
+        if slot > Instant::now() {
+            // Nothing carried waits with the reply for the chat's slot.
+            start.flush().await;
+            tokio::time::sleep_until(slot).await;
+        }
         // After a lost race the domain judges the start on the fresh state: it refuses a reply
         // another worker started or sent meanwhile.
-        let started = ops
-            .commit(handle, &[OperationCommand::StartReply], |_| true)
-            .await?;
+        let started = start.start(handle, &[OperationCommand::StartReply]).await?;
         if started == Applied::Declined {
             return Ok(());
         }
@@ -96,23 +102,36 @@ impl Replier {
         Ok(())
     }
 
-    /// Waits for this chat's next free slot and takes it.
-    async fn pace(&self, chat_id: i64) {
-        let slot = {
-            let mut slots = self
-                .slots
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let now = Instant::now();
-            if slots.len() > 10_000 {
-                slots.retain(|_, next| *next > now);
-            }
-            let slot = slots.get(&chat_id).copied().unwrap_or(now).max(now);
-            slots.insert(chat_id, slot + self.interval);
-            slot
-        };
-        tokio::time::sleep_until(slot).await;
+    /// Takes this chat's next free slot: when the reply may go.
+    fn slot(&self, chat_id: i64) -> Instant {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        if slots.len() > 10_000 {
+            slots.retain(|_, next| *next > now);
+        }
+        let slot = slots.get(&chat_id).copied().unwrap_or(now).max(now);
+        slots.insert(chat_id, slot + self.interval);
+        slot
     }
+}
+
+/// How a reply's start is committed: by the worker, alone or in one append with what its task
+/// carries from its previous call (that call's outcome, ADR 0020).
+pub(crate) trait Start: Send {
+    /// Commits `commands` (the reply's start) on `handle`, with what is carried; `Declined` if
+    /// the domain refuses them on the operation's current state (what is carried is committed
+    /// all the same).
+    fn start<'a>(
+        &'a mut self,
+        handle: &'a mut Handle,
+        commands: &'a [OperationCommand],
+    ) -> BoxFuture<'a, Result<Applied, StepError>>;
+
+    /// Commits what is carried now, alone: the step is about to wait.
+    fn flush(&mut self) -> BoxFuture<'_, ()>;
 }
 
 /// What the worker records of `sendMessage`'s answer (the message's id, or the Bot API's

@@ -24,6 +24,7 @@ use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use opledger_config::{ActionConfig, Config, ReplyPlaceholder};
 use opledger_domain::Status;
+use opledger_domain::operation::OperationCommand;
 use opledger_ledger::Clock;
 use opledger_projections::operation_status::{self, OperationStatusRow};
 use opledger_store::{AnyStore, EventStore, Priority, StreamId};
@@ -33,9 +34,9 @@ use tokio::sync::{Notify, Semaphore};
 use crate::backoff::Backoff;
 use crate::call::{Action, Calls, Lookahead, Pending, claimable};
 use crate::effector::{Effector, NoEffect};
-use crate::handle::{Handle, Operations, StepError, View};
+use crate::handle::{Applied, Handle, Operations, StepError, View};
 use crate::http::HttpEffector;
-use crate::reply::Replier;
+use crate::reply::{Replier, Start};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -369,7 +370,17 @@ impl Worker {
 
     /// The first operation waiting in `queue`, its stream read, in hand until it is dropped.
     async fn next_queued(&self, queue: &Queue, finished: &Notify) -> Option<Upcoming> {
-        let Queued { row, loading } = queue.pop()?;
+        self.queued_where(queue, finished, |_| true).await
+    }
+
+    /// The first operation waiting in `queue` whose row `wanted`, as [`Worker::next_queued`].
+    async fn queued_where(
+        &self,
+        queue: &Queue,
+        finished: &Notify,
+        wanted: impl Fn(&OperationStatusRow) -> bool,
+    ) -> Option<Upcoming> {
+        let Queued { row, loading } = queue.pop_where(wanted)?;
         finished.notify_one();
         // Released even if the step panics, so the operation is not stranded here.
         let release = Release {
@@ -512,25 +523,66 @@ impl Worker {
                 },
             );
         }
-        if let Some(pending) = carry.take() {
-            inner.calls.flush(pending).await;
-        }
         let lease_expired = state.claim.as_ref().is_some_and(|c| !c.is_live(now));
         match state.status {
-            Status::CallSent if lease_expired => inner.calls.sweep(&action, &mut handle).await?,
             status
                 if status.is_terminal()
                     && inner.options.replies
                     && row.due_at.is_some_and(|at| at <= now) =>
             {
-                inner
+                // The reply's start carries the previous call's outcome, in one append (ADR
+                // 0026); whatever no start took is committed alone after.
+                let mut start = Carrying {
+                    calls: &inner.calls,
+                    carry: carry.take(),
+                };
+                let replied = inner
                     .replier
-                    .reply(&inner.ops, &action.config, &mut handle)
-                    .await?;
+                    .reply(&inner.ops, &action.config, &mut handle, &mut start)
+                    .await;
+                start.flush().await;
+                replied?;
             }
-            _ => return Ok(Stepped::Nothing),
+            status => {
+                if let Some(pending) = carry.take() {
+                    inner.calls.flush(pending).await;
+                }
+                match status {
+                    Status::CallSent if lease_expired => {
+                        inner.calls.sweep(&action, &mut handle).await?;
+                    }
+                    _ => return Ok(Stepped::Nothing),
+                }
+            }
         }
         Ok(Stepped::Done)
+    }
+}
+
+/// A reply's start committed with the outcome of the task's previous call, if it carries one.
+struct Carrying<'a> {
+    calls: &'a Calls,
+    carry: Option<Pending>,
+}
+
+impl Start for Carrying<'_> {
+    fn start<'a>(
+        &'a mut self,
+        handle: &'a mut Handle,
+        commands: &'a [OperationCommand],
+    ) -> futures_util::future::BoxFuture<'a, Result<Applied, StepError>> {
+        Box::pin(
+            self.calls
+                .commit_carrying(handle, commands, self.carry.take()),
+        )
+    }
+
+    fn flush(&mut self) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(pending) = self.carry.take() {
+                self.calls.flush(pending).await;
+            }
+        })
     }
 }
 
@@ -634,8 +686,17 @@ impl Lookahead for Ahead<'_> {
     ) -> futures_util::future::BoxFuture<'_, Option<(Handle, Arc<dyn Effector>)>> {
         Box::pin(async move {
             if self.slot.is_none() {
-                // A row still queued means that no other task was free to take it.
-                *self.slot = self.worker.next_queued(self.queue, self.finished).await;
+                // A row still queued means that no other task was free to take it. Replies
+                // (due from when their operation was received, ADR 0026) are passed over for an
+                // operation to claim, whose claim can then ride on this record.
+                *self.slot = self
+                    .worker
+                    .queued_where(self.queue, self.finished, |row| {
+                        [Status::Received, Status::RetryScheduled]
+                            .iter()
+                            .any(|status| status.as_str() == row.status)
+                    })
+                    .await;
             }
             let upcoming = self.slot.as_ref()?;
             let handle = upcoming.handle.as_ref().ok()?;
@@ -692,8 +753,10 @@ impl Queue {
         self.lock().push_back(queued);
     }
 
-    fn pop(&self) -> Option<Queued> {
-        self.lock().pop_front()
+    fn pop_where(&self, wanted: impl Fn(&OperationStatusRow) -> bool) -> Option<Queued> {
+        let mut rows = self.lock();
+        let at = rows.iter().position(|queued| wanted(&queued.row))?;
+        rows.remove(at)
     }
 
     fn len(&self) -> usize {
@@ -750,19 +813,27 @@ fn result_fields(action: &ActionConfig) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handle::tests::{append, claimed, config, now, operations, received, stream};
+    use crate::handle::tests::{
+        append, called, claimed, config, confirm, now, operations, received, stream,
+    };
+    use opledger_domain::ReplyStatus;
 
-    /// The row `operation_status` lists for operation `a` at `version`.
+    /// The row `operation_status` lists for operation `a` at `version`, received.
     fn row(version: u64) -> OperationStatusRow {
+        row_of("a", version, "received")
+    }
+
+    /// The row `operation_status` lists for operation `key` at `version`, in `status`.
+    fn row_of(key: &str, version: u64, status: &str) -> OperationStatusRow {
         OperationStatusRow {
-            operation_id: received("a").operation_id.to_string(),
-            stream_id: stream("a").to_string(),
+            operation_id: received(key).operation_id.to_string(),
+            stream_id: stream(key).to_string(),
             action: "coupon".to_owned(),
-            business_key: "a".to_owned(),
+            business_key: key.to_owned(),
             bot: "shop".to_owned(),
             chat_id: Some(7),
             user_id: Some(7),
-            status: "received".to_owned(),
+            status: status.to_owned(),
             attempts: 0,
             worker: None,
             lease_until: None,
@@ -820,6 +891,45 @@ mod tests {
         assert!(
             !worker.inner.take(&id),
             "a row as current as its stream with nothing to do rests, so the loop cannot spin"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reply_s_start_carries_the_previous_call_s_outcome_in_one_append() {
+        let (_dir, ops) = operations().await;
+        let worker = worker(&ops);
+        append(&ops, &stream("a"), 0, &called("a", "w1")).await;
+        let mut ended = called("b", "w1");
+        let OperationCommand::Confirm(confirmed) = confirm() else {
+            unreachable!("confirm() confirms")
+        };
+        ended.push(confirmed.into());
+        append(&ops, &stream("b"), 0, &ended).await;
+        let carry = Pending::new(ops.load(stream("a")).await.unwrap(), confirm());
+        let appends = || ops.store().append_timings().wait().count();
+        let before = appends();
+
+        let handle = load(&ops, &stream("b").to_string()).await;
+        let listed = row_of("b", 4, "confirmed");
+        assert!(
+            worker
+                .step_carrying(&listed, handle, Some(carry), false, None)
+                .await
+                .is_none()
+        );
+
+        let a = ops.load(stream("a")).await.unwrap();
+        let b = ops.load(stream("b")).await.unwrap();
+        assert_eq!(
+            a.state().status,
+            Status::Confirmed,
+            "the outcome is recorded"
+        );
+        assert_ne!(b.state().reply, ReplyStatus::NotStarted, "the reply went");
+        assert_eq!(
+            appends() - before,
+            2,
+            "the reply's start with the outcome, then the reply's own outcome"
         );
     }
 

@@ -54,7 +54,9 @@ pub(crate) struct OperationView {
     /// The worker holding or last holding the claim.
     pub(crate) worker: Option<String>,
     pub(crate) lease_until: Option<DateTime<Utc>>,
-    /// When a worker looks at it next; absent once nothing is left to do.
+    /// When it is due for a worker: workers take due operations earliest first (a reply not
+    /// started yet is due from when the operation was received); absent once nothing is left
+    /// to do.
     pub(crate) due_at: Option<DateTime<Utc>>,
     pub(crate) external_id: Option<String>,
     pub(crate) last_error: Option<String>,
