@@ -449,7 +449,7 @@ impl Worker {
 
     /// Takes the step `row` calls for on `handle`, its stream as read (`claimed`: by a previous
     /// call's record, for this task), committing `carry` (a previous call's outcome) with this
-    /// operation's claim or call's record when there is one, or alone first; `next` offers
+    /// operation's claim, call's record or reply's start when there is one, or alone; `next` offers
     /// the operation the task takes up next for a claim with the call's record. Returns this
     /// operation's own call outcome if it made a call. Failures are logged and the operation
     /// stays due.
@@ -496,7 +496,8 @@ impl Worker {
     }
 
     /// Takes the step the operation's stream calls for. `carry`, a previous call's outcome, is
-    /// committed with this operation's claim or call's record, or alone before any other step.
+    /// committed with this operation's claim, call's record or reply's start, alone before a
+    /// sweep, or left in `carry` for the caller to commit alone.
     async fn try_step(
         &self,
         row: &OperationStatusRow,
@@ -531,41 +532,35 @@ impl Worker {
                     && row.due_at.is_some_and(|at| at <= now) =>
             {
                 // The reply's start carries the previous call's outcome, in one append (ADR
-                // 0026); whatever no start took is committed alone after.
+                // 0026); what no start took, [`Worker::step_carrying`] commits alone after.
                 let mut start = Carrying {
                     calls: &inner.calls,
-                    carry: carry.take(),
+                    carry,
                 };
-                let replied = inner
+                inner
                     .replier
                     .reply(&inner.ops, &action.config, &mut handle, &mut start)
-                    .await;
-                start.flush().await;
-                replied?;
+                    .await?;
             }
-            status => {
+            Status::CallSent if lease_expired => {
                 if let Some(pending) = carry.take() {
                     inner.calls.flush(pending).await;
                 }
-                match status {
-                    Status::CallSent if lease_expired => {
-                        inner.calls.sweep(&action, &mut handle).await?;
-                    }
-                    _ => return Ok(Stepped::Nothing),
-                }
+                inner.calls.sweep(&action, &mut handle).await?;
             }
+            _ => return Ok(Stepped::Nothing),
         }
         Ok(Stepped::Done)
     }
 }
 
 /// A reply's start committed with the outcome of the task's previous call, if it carries one.
-struct Carrying<'a> {
+struct Carrying<'a, 'c> {
     calls: &'a Calls,
-    carry: Option<Pending>,
+    carry: &'c mut Option<Pending>,
 }
 
-impl Start for Carrying<'_> {
+impl Start for Carrying<'_, '_> {
     fn start<'a>(
         &'a mut self,
         handle: &'a mut Handle,
